@@ -1,0 +1,1 @@
+"""Model construction: architecture specs, HF config mapping and Megatron-Core GPT providers."""

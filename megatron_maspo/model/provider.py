@@ -1,0 +1,176 @@
+"""Turn an :class:`ArchSpec` into a Megatron-Core ``TransformerConfig`` and ``GPTModel`` chunks.
+
+The Transformer Engine layer spec is used when TE imports (GPU); the local spec otherwise (CPU tests,
+GPUs without TE). CUDA-only fusions are disabled on CPU so results are exact there.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from megatron_maspo.model.spec import ArchSpec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class ModelBuildOptions:
+    """How to instantiate a model (not what it is): parallel sizes, precision, recompute."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    vpp: int | None = None
+    params_dtype: torch.dtype = torch.float32
+    bf16: bool = False
+    recompute: str | None = None
+    """None, ``"selective"`` (core attention) or ``"full"`` (uniform, 1 layer per block)."""
+    make_vocab_size_divisible_by: int = 128
+    use_te: bool | None = None
+    """None = TE spec if Transformer Engine imports, else the local spec."""
+    calculate_per_token_loss: bool = True
+    """Megatron's exact global token-mean path (algorithms.md §2.2)."""
+    use_cpu_initialization: bool = True
+    """Draw full master weights on CPU and keep the local slice: identical weights at every TP."""
+    init_method_std: float = 0.02
+    moe_aux_loss_coeff: float = 0.0
+
+
+def padded_vocab_size(spec: ArchSpec, opts: ModelBuildOptions) -> int:
+    """Rows of the vocab-parallel embedding: V rounded up to ``divisible_by * tp``."""
+    return spec.padded_vocab_size(opts.tp, opts.make_vocab_size_divisible_by)
+
+
+def te_available() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:
+        return False
+    return torch.cuda.is_available()
+
+
+def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
+    """Megatron ``TransformerConfig`` for ``spec`` under ``opts`` (after ``validate_layout``)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    spec.validate_layout(opts.tp, opts.pp, opts.ep, opts.vpp)
+    on_gpu = torch.cuda.is_available()
+    kw: dict = dict(
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        num_attention_heads=spec.num_attention_heads,
+        num_query_groups=spec.num_query_groups,
+        kv_channels=spec.kv_channels,
+        layernorm_epsilon=spec.layernorm_epsilon,
+        normalization="RMSNorm",
+        activation_func=F.silu,
+        gated_linear_unit=True,
+        add_bias_linear=False,
+        add_qkv_bias=spec.add_qkv_bias,
+        qk_layernorm=spec.qk_layernorm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=opts.init_method_std,
+        tensor_model_parallel_size=opts.tp,
+        pipeline_model_parallel_size=opts.pp,
+        virtual_pipeline_model_parallel_size=opts.vpp,
+        expert_model_parallel_size=opts.ep,
+        sequence_parallel=False,
+        params_dtype=opts.params_dtype,
+        bf16=opts.bf16,
+        pipeline_dtype=torch.bfloat16 if opts.bf16 else opts.params_dtype,
+        use_cpu_initialization=opts.use_cpu_initialization,
+        calculate_per_token_loss=opts.calculate_per_token_loss,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        deallocate_pipeline_outputs=on_gpu,
+        batch_p2p_comm=True,
+    )
+    if spec.is_moe:
+        kw.update(
+            num_moe_experts=spec.num_moe_experts,
+            moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
+            moe_router_topk=spec.moe_router_topk,
+            moe_router_pre_softmax=not spec.moe_norm_topk_prob,
+            moe_router_load_balancing_type="none",
+            moe_aux_loss_coeff=opts.moe_aux_loss_coeff,
+            moe_token_dispatcher_type="alltoall" if opts.ep > 1 else "allgather",
+            moe_grouped_gemm=False,
+            moe_shared_expert_intermediate_size=spec.moe_shared_expert_intermediate_size,
+        )
+    if opts.recompute == "full":
+        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif opts.recompute == "selective":
+        kw.update(recompute_granularity="selective")
+    elif opts.recompute is not None:
+        raise ValueError(f"recompute={opts.recompute!r}; accepted: None, 'selective', 'full'")
+    return TransformerConfig(**kw)
+
+
+def layer_spec(spec: ArchSpec, opts: ModelBuildOptions):
+    """The transformer layer spec: TE when requested/available, else Megatron's local spec."""
+    use_te = te_available() if opts.use_te is None else opts.use_te
+    if use_te:
+        from megatron_maspo.model.te_spec import te_layer_spec
+
+        return te_layer_spec(spec)
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    return get_gpt_layer_local_spec(num_experts=spec.num_moe_experts, moe_grouped_gemm=False,
+                                    qk_layernorm=spec.qk_layernorm, normalization="RMSNorm")
+
+
+def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int) -> list:
+    """Build this rank's ``GPTModel`` chunk(s): one per virtual pipeline stage (one without VPP).
+
+    Args:
+        spec: the architecture.
+        opts: parallel sizes and precision; must match Megatron's initialised parallel state.
+        pp_rank: this rank's pipeline stage (decides pre/post processing).
+
+    Returns:
+        list of ``GPTModel`` with fp32 or bf16 parameters on the default device.
+    """
+    from megatron.core.models.gpt import GPTModel
+
+    tcfg = build_transformer_config(spec, opts)
+    lspec = layer_spec(spec, opts)
+    vocab = padded_vocab_size(spec, opts)
+    chunks = []
+    n_vp = opts.vpp or 1
+    for vp in range(n_vp):
+        pre = pp_rank == 0 and vp == 0
+        post = pp_rank == opts.pp - 1 and vp == n_vp - 1
+        model = GPTModel(
+            config=tcfg,
+            transformer_layer_spec=lspec,
+            vocab_size=vocab,
+            max_sequence_length=spec.max_position_embeddings,
+            pre_process=pre,
+            post_process=post,
+            parallel_output=True,
+            share_embeddings_and_output_weights=spec.tie_word_embeddings,
+            position_embedding_type="rope",
+            rotary_percent=spec.rotary_percent,
+            rotary_base=int(spec.rotary_base),
+            rope_scaling=spec.rope_scaling == "llama3",
+            rope_scaling_factor=spec.rope_scaling_factor if spec.rope_scaling == "llama3" else 8.0,
+            seq_len_interpolation_factor=(spec.rope_scaling_factor if spec.rope_scaling == "linear"
+                                          else None),
+            vp_stage=vp if opts.vpp else None,
+        )
+        if torch.cuda.is_available():
+            model.cuda(torch.cuda.current_device())
+        if opts.bf16:
+            model.bfloat16()
+        chunks.append(model)
+    return chunks

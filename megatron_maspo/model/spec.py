@@ -1,0 +1,137 @@
+"""Architecture description shared by the model provider, the converters and the planner.
+
+:class:`ArchSpec` holds a decoder-only transformer in Megatron's vocabulary. It is plain data (no
+megatron import) so the planner and the conversion tables can use it cheaply. ``hf_config.py`` builds
+one from a Hugging Face config; ``provider.py`` turns one into a Megatron-Core ``GPTModel``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+
+
+@dataclass(kw_only=True)
+class ArchSpec:
+    """A decoder-only GPT architecture, in Megatron terms.
+
+    Field names follow ``TransformerConfig`` / ``GPTModel`` where one exists.
+    """
+
+    family: str
+    """One of ``SUPPORTED_FAMILIES``; selects the HF name table in ``conversion/``."""
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    """Dense MLP width (HF ``intermediate_size``)."""
+    num_attention_heads: int
+    num_query_groups: int
+    """KV heads (HF ``num_key_value_heads``); GQA when < ``num_attention_heads``."""
+    kv_channels: int
+    """Head dimension (HF ``head_dim``; Qwen3's is not hidden/heads)."""
+    vocab_size: int
+    """Unpadded vocabulary size V (HF ``vocab_size``)."""
+    max_position_embeddings: int = 4096
+    rotary_base: float = 10000.0
+    rotary_percent: float = 1.0
+    rope_scaling: str | None = None
+    """None, ``"llama3"`` (megatron hard-codes low=1, high=4, original=8192) or ``"linear"``."""
+    rope_scaling_factor: float = 1.0
+    layernorm_epsilon: float = 1e-6
+    add_qkv_bias: bool = False
+    qk_layernorm: bool = False
+    tie_word_embeddings: bool = False
+    num_moe_experts: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    moe_router_topk: int = 2
+    moe_norm_topk_prob: bool = True
+    moe_shared_expert_intermediate_size: int | None = None
+    extra: dict = field(default_factory=dict)
+    """Family-specific values carried through for export (e.g. ``bos_token_id``)."""
+
+    def __post_init__(self) -> None:
+        if self.family not in SUPPORTED_FAMILIES:
+            raise ValueError(
+                f"ArchSpec.family={self.family!r} is not supported; accepted: {list(SUPPORTED_FAMILIES)}"
+            )
+        for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                     "num_query_groups", "kv_channels", "vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ArchSpec.{name} must be > 0, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_query_groups:
+            raise ValueError(
+                f"ArchSpec.num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_query_groups={self.num_query_groups}"
+            )
+        if self.rope_scaling not in (None, "llama3", "linear"):
+            raise ValueError(f"ArchSpec.rope_scaling={self.rope_scaling!r}; accepted: None, 'llama3', 'linear'")
+        if self.is_moe and not self.moe_ffn_hidden_size:
+            raise ValueError("ArchSpec.moe_ffn_hidden_size is required when num_moe_experts is set")
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.num_moe_experts)
+
+    def padded_vocab_size(self, tp: int, divisible_by: int = 128) -> int:
+        """Vocabulary rows in Megatron's embedding: V rounded up to a multiple of ``divisible_by*tp``."""
+        m = divisible_by * tp
+        return ((self.vocab_size + m - 1) // m) * m
+
+    def num_parameters(self) -> int:
+        """Parameter count of the HF model (unpadded vocab, embeddings counted once if tied)."""
+        h, nh, g, d = self.hidden_size, self.num_attention_heads, self.num_query_groups, self.kv_channels
+        attn = h * nh * d + 2 * h * g * d + nh * d * h
+        if self.add_qkv_bias:
+            attn += nh * d + 2 * g * d
+        if self.qk_layernorm:
+            attn += 2 * d
+        if self.is_moe:
+            assert self.num_moe_experts and self.moe_ffn_hidden_size
+            mlp = self.num_moe_experts * 3 * h * self.moe_ffn_hidden_size + h * self.num_moe_experts
+            if self.moe_shared_expert_intermediate_size:
+                mlp += 3 * h * self.moe_shared_expert_intermediate_size + h
+        else:
+            mlp = 3 * h * self.ffn_hidden_size
+        per_layer = attn + mlp + 2 * h
+        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + emb + h
+
+    def validate_layout(self, tp: int, pp: int, ep: int = 1, vpp: int | None = None) -> None:
+        """Raise ``ValueError`` naming the constraint if this model cannot be split this way."""
+        if self.num_attention_heads % tp:
+            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not divisible by "
+                             f"tensor_model_parallel_size={tp}")
+        if self.num_query_groups % tp and tp % self.num_query_groups:
+            raise ValueError(f"num_query_groups={self.num_query_groups} and tensor_model_parallel_size="
+                             f"{tp}: one must divide the other")
+        if self.num_query_groups < tp:
+            # Megatron requires num_query_groups % tp == 0 for its own GQA split.
+            raise ValueError(f"num_query_groups={self.num_query_groups} < tensor_model_parallel_size={tp}:"
+                             " Megatron-Core cannot shard fewer KV heads than TP ranks")
+        chunks = pp * (vpp or 1)
+        if self.num_layers % chunks:
+            raise ValueError(f"num_layers={self.num_layers} is not divisible by pipeline stages x "
+                             f"virtual chunks = {pp} x {vpp or 1}")
+        if self.ffn_hidden_size % tp:
+            raise ValueError(f"ffn_hidden_size={self.ffn_hidden_size} is not divisible by tp={tp}")
+        if self.is_moe:
+            assert self.num_moe_experts
+            if self.num_moe_experts % ep:
+                raise ValueError(f"num_moe_experts={self.num_moe_experts} is not divisible by "
+                                 f"expert_model_parallel_size={ep}")
+            if tp > 1:
+                raise ValueError("MoE with tensor_model_parallel_size > 1 needs sequence parallelism, "
+                                 "which the local (non-TE) spec does not support; use TP=1 with EP")
+        elif ep != 1:
+            raise ValueError(f"expert_model_parallel_size={ep} given for a dense model")
+
+
+def tiny_qwen2_spec(vocab_size: int = 384, *, num_layers: int = 2, hidden_size: int = 64,
+                    tie_word_embeddings: bool = True) -> ArchSpec:
+    """A tiny Qwen2-style model (GQA, QKV bias, RMSNorm, SwiGLU, rotary) for tests and the CPU default."""
+    return ArchSpec(family="qwen2", num_layers=num_layers, hidden_size=hidden_size,
+                    ffn_hidden_size=hidden_size * 3, num_attention_heads=4, num_query_groups=2,
+                    kv_channels=hidden_size // 4, vocab_size=vocab_size, max_position_embeddings=512,
+                    rotary_base=10000.0, layernorm_epsilon=1e-6, add_qkv_bias=True,
+                    tie_word_embeddings=tie_word_embeddings)

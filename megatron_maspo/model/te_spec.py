@@ -1,0 +1,27 @@
+"""Transformer Engine layer spec (GPU only; the one module that imports transformer_engine).
+
+Kept thin on purpose: Megatron-Core ships the spec; we only select it. Not runnable on CPU, covered
+by tests marked ``te``.
+"""
+
+from __future__ import annotations
+
+from megatron_maspo.model.spec import ArchSpec
+
+
+def te_layer_spec(spec: ArchSpec):
+    """Megatron's TE GPT layer spec for ``spec``.
+
+    Raises:
+        ImportError: Transformer Engine is missing, with the install hint.
+    """
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError as e:  # pragma: no cover - GPU only
+        raise ImportError("Transformer Engine is required for the TE layer spec: "
+                          "pip install 'megatron-maspo[te]' (CUDA machines only)") from e
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+    return get_gpt_layer_with_transformer_engine_spec(
+        num_experts=spec.num_moe_experts, moe_grouped_gemm=bool(spec.num_moe_experts),
+        qk_layernorm=spec.qk_layernorm)

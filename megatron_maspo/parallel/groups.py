@@ -1,0 +1,156 @@
+"""The one place that initialises Megatron's parallel state and hands out explicit process groups.
+
+Nothing outside this module calls ``megatron.core.parallel_state.get_*``: code receives a
+:class:`ParallelGroups` and passes the group it needs (``tp_group``, ``dp_group``, ...) explicitly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ParallelGroups:
+    """Process groups and ranks of this process in a TP x PP x DP (x EP) layout.
+
+    Megatron's rank order is tp-cp-ep-dp-pp (tensor fastest). ``dp_group`` is the data-parallel group
+    without context parallelism; ``embd_group`` ties the first and last pipeline stages.
+    """
+
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    vpp: int | None
+    tp_group: Any
+    pp_group: Any
+    dp_group: Any
+    dp_cp_group: Any
+    ep_group: Any
+    mp_group: Any
+    embd_group: Any
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    ep_rank: int
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+    def describe(self) -> str:
+        return (
+            f"tp={self.tp_rank}/{self.tp} pp={self.pp_rank}/{self.pp} "
+            f"dp={self.dp_rank}/{self.dp} ep={self.ep_rank}/{self.ep}"
+        )
+
+
+def validate_layout(world_size: int, tp: int, pp: int, ep: int = 1) -> int:
+    """Return the data-parallel size of a layout, or raise ``ValueError`` naming the constraint."""
+    for name, v in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
+                    ("expert_model_parallel_size", ep)):
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    if world_size % (tp * pp) != 0:
+        raise ValueError(
+            f"world size {world_size} is not divisible by tensor_model_parallel_size * "
+            f"pipeline_model_parallel_size = {tp} * {pp} = {tp * pp}"
+        )
+    dp = world_size // (tp * pp)
+    if (dp * tp) % ep != 0:
+        raise ValueError(
+            f"expert_model_parallel_size {ep} must divide data_parallel_size * "
+            f"tensor_model_parallel_size = {dp} * {tp}"
+        )
+    return dp
+
+
+def init_parallel(
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    vpp: int | None = None,
+    *,
+    seed: int = 1234,
+    cpu_compat: bool = True,
+) -> ParallelGroups:
+    """Initialise Megatron's parallel state on an already initialised default process group.
+
+    Applies the CPU shims first when CUDA is absent (``cpu_compat``), then seeds Megatron's model-
+    parallel RNG streams so TP ranks draw distinct dropout masks and identical replicated weights.
+
+    Args:
+        tp, pp, ep: tensor, pipeline and expert parallel sizes; DP is derived.
+        vpp: virtual pipeline chunks per stage (None = no interleaving).
+        seed: base seed for ``model_parallel_cuda_manual_seed``.
+        cpu_compat: install :mod:`megatron_maspo.parallel.cpu_compat` when CUDA is absent.
+
+    Raises:
+        RuntimeError: ``torch.distributed`` is not initialised.
+        ValueError: the layout does not fit the world size.
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed must be initialised before init_parallel()")
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    validate_layout(dist.get_world_size(), tp, pp, ep)
+    if cpu_compat:
+        from megatron_maspo.parallel.cpu_compat import apply_cpu_compat
+
+        apply_cpu_compat()
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        expert_model_parallel_size=ep,
+    )
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    groups = ParallelGroups(
+        tp=tp,
+        pp=pp,
+        dp=ps.get_data_parallel_world_size(),
+        ep=ep,
+        vpp=vpp,
+        tp_group=ps.get_tensor_model_parallel_group(),
+        pp_group=ps.get_pipeline_model_parallel_group(),
+        dp_group=ps.get_data_parallel_group(),
+        dp_cp_group=ps.get_data_parallel_group(with_context_parallel=True),
+        ep_group=ps.get_expert_model_parallel_group(),
+        mp_group=ps.get_model_parallel_group(),
+        embd_group=ps.get_embedding_group(),
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        dp_rank=ps.get_data_parallel_rank(),
+        ep_rank=ps.get_expert_model_parallel_rank(),
+    )
+    logger.debug("parallel state: %s", groups.describe())
+    return groups
+
+
+def destroy_parallel() -> None:
+    """Tear down Megatron's parallel state (the default process group is left alone)."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+
+
+def default_device() -> torch.device:
+    """The device this process computes on: the local CUDA device, else CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -1,0 +1,37 @@
+"""Shared pytest set-up: marker skips, one thread per test process, quiet Megatron warnings."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
+
+_EXTRA_MODULES = {"vllm": "vllm", "te": "transformer_engine", "launch": "nemo_run"}
+
+
+def _has(mod: str) -> bool:
+    try:
+        return importlib.util.find_spec(mod) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="needs CUDA"))
+        for marker, mod in _EXTRA_MODULES.items():
+            if marker in item.keywords and not _has(mod):
+                item.add_marker(pytest.mark.skip(reason=f"needs the '{marker}' extra ({mod} not importable)"))
