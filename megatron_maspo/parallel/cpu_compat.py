@@ -130,6 +130,12 @@ def _apply_rng() -> None:
 
 def _apply_dev() -> None:
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
+    # megatron-core 0.16.1 without TE never defines moe_utils.te_general_gemm, so the MoE router's
+    # `if te_general_gemm is not None` raises NameError; define the "absent" value it expects.
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def _apply_sync() -> None:

@@ -1,0 +1,1 @@
+"""The ``maspo`` command line."""

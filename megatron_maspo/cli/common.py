@@ -1,0 +1,28 @@
+"""Arguments shared by the subcommands that take a config: --recipe, --config, --set, --print-config."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    """Add the config-selection arguments to a subcommand parser."""
+    p.add_argument("--recipe", default=None,
+                   help="recipe name in examples/ (default: tiny), path/to/recipe.py[:fn] or module[:fn]")
+    p.add_argument("--config", default=None,
+                   help="a saved config.yaml (or a run directory holding one) instead of a recipe")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config field, e.g. --set loss.alpha=0.5 (repeatable)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+
+
+def config_from_args(args: argparse.Namespace):
+    """Resolve the config of ``args``; print it and exit when --print-config was given."""
+    from megatron_maspo.config import dump_yaml, resolve_config
+
+    cfg = resolve_config(args.recipe, args.config, args.overrides)
+    if args.print_config:
+        sys.stdout.write(dump_yaml(cfg))
+        raise SystemExit(0)
+    return cfg

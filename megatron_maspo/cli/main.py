@@ -1,0 +1,56 @@
+"""``maspo``: one command line with a subcommand per job.
+
+    maspo train                       # the tiny recipe on CPU: SFT warm start, then MASPO RL
+    maspo train --recipe r1_distill_qwen_1p5b_maspo --set loss.alpha=0.5
+    maspo eval --checkpoint runs/maspo --k 8
+    maspo convert hf-to-megatron --hf DIR --out DIR [--tp 2 --pp 2] [--verify]
+    maspo plan r1_distill_qwen_7b_maspo --nodes 4 --gpus-per-node 8
+    maspo launch r1_distill_qwen_7b_maspo --executor slurm --nodes 4 --dry-run
+
+Only subcommands whose module is present are registered: nothing prints "not implemented". Each
+subcommand module exposes ``add_parser(subparsers)`` and ``run(args) -> int`` and imports its heavy
+dependencies inside ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import sys
+
+SUBCOMMANDS = ("train", "eval", "convert", "plan", "launch")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="maspo", description="RL fine-tuning of LLMs on Megatron-Core with MASPO.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        modname = f"megatron_maspo.cli.{name}"
+        if importlib.util.find_spec(modname) is None:
+            continue
+        importlib.import_module(modname).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="[maspo] %(levelname)s %(name)s: %(message)s")
+    if not args.command:
+        parser.print_help()
+        return 0
+    try:
+        return int(args.run(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        # Configuration and input errors: one clear line, no traceback, before any work starts.
+        print(f"maspo {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

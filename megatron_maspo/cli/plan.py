@@ -1,0 +1,79 @@
+"""``maspo plan``: will this recipe fit on this cluster, and roughly how long is one RL step?
+
+Prints the per-GPU memory estimate (weights, fp32 grads, optimizer state, activations, the log-prob
+chunk, the colocated vLLM share) and a step-time split, for the recipe's layout on ``nodes x gpus``.
+A layout that is invalid or does not fit is refused with the reasons, and the nearest fitting layout
+(tp / pp / ep / recompute / distributed optimizer / vllm_tp) is printed as ``--set`` overrides.
+Formulas and assumptions: ``megatron_maspo/launch/plan.py``.
+
+    maspo plan r1_distill_qwen_7b_maspo --nodes 4 --gpus-per-node 8
+    maspo plan llama3_70b_maspo --nodes 8 --gpus-per-node 8 --gpu-mem-gb 141 --hbm-tb-s 4.8   # H200
+    maspo plan r1_distill_qwen_14b_maspo --nodes 2 --set parallel.tp=2                          # refused?
+
+Exit status: 0 when the layout fits, 1 when refused (after printing any suggestion), 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from megatron_maspo.cli.common import add_config_args
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="estimate per-GPU memory and step time for a recipe on a cluster",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe_name", nargs="?", default=None, metavar="RECIPE", help="recipe (as --recipe)")
+    add_config_args(p)
+    p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--gpu-mem-gb", type=float, default=80.0, help="GPU memory in GiB (default 80)")
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak per GPU (default 989)")
+    p.add_argument("--hbm-tb-s", type=float, default=3.35, help="HBM bandwidth TB/s (default 3.35)")
+    p.add_argument("--mfu", type=float, default=0.35, help="trainer model-FLOPs utilisation (default 0.35)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from megatron_maspo.cli.common import config_from_args
+    from megatron_maspo.launch.plan import (Assumptions, apply_layout, arch_of, estimate, format_plan,
+                                            layout_of, suggest)
+
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        raise ValueError(f"--nodes and --gpus-per-node must be >= 1, got {args.nodes}, {args.gpus_per_node}")
+    if args.recipe_name:
+        if args.recipe:
+            raise ValueError("give the recipe either positionally or with --recipe, not both")
+        args.recipe = args.recipe_name
+    world = args.nodes * args.gpus_per_node
+    user_overrides = list(args.overrides)
+    args.overrides = [f"parallel.world_size={world}", *user_overrides]
+    try:
+        cfg = config_from_args(args)
+    except ValueError:
+        # The layout does not divide this world: keep the recipe's world size so the planner can refuse
+        # with its reasons and search for one that does.
+        args.overrides = user_overrides
+        cfg = config_from_args(args)
+    if cfg.parallel.world_size != world:
+        # The planner sizes for the cluster asked about; the launcher sets world_size the same way.
+        print(f"note: recipe's parallel.world_size={cfg.parallel.world_size}; planning for {world} GPUs")
+    hw = Assumptions(gpu_mem_gb=args.gpu_mem_gb, peak_tflops=args.peak_tflops, hbm_tb_s=args.hbm_tb_s,
+                     mfu=args.mfu)
+    spec = arch_of(cfg)
+    plan = estimate(cfg, spec, layout_of(cfg), nodes=args.nodes, gpus_per_node=args.gpus_per_node, hw=hw)
+    print(f"model: {cfg.model.arch or cfg.model.source} ({spec.num_parameters() / 1e9:.2f} B parameters) on "
+          f"{args.nodes} x {args.gpus_per_node} GPUs of {hw.gpu_mem_gb:.0f} GiB")
+    print(f"assumptions: {dataclasses.asdict(hw)}")
+    print(format_plan(plan, "recipe layout: "))
+    if plan.fits:
+        return 0
+    better = suggest(cfg, spec, nodes=args.nodes, gpus_per_node=args.gpus_per_node, hw=hw)
+    if better is None:
+        print("no layout over tp/pp/ep/recompute/distributed-optimizer/vllm_tp fits: add nodes or shorten "
+              "sequences (rollout.max_new_tokens, train.max_tokens_per_micro_batch)")
+    else:
+        print(format_plan(better, "nearest fitting layout: "))
+        print("  use: " + " ".join(f"--set {o}" for o in apply_layout(cfg, better.layout)))
+    return 1

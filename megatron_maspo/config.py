@@ -1,0 +1,137 @@
+"""The root configuration: one dataclass per component, composed; YAML round-trip; recipe loading.
+
+A recipe is a Python function returning a :class:`MaspoConfig` (``examples/tiny.py: config``). The
+resolved config is written to ``<run_dir>/config.yaml`` and loads back with :func:`load_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megatron_maspo.data.config import DataConfig
+from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.model.config import ModelConfig
+from megatron_maspo.overrides import apply_overrides, from_dict, to_dict
+from megatron_maspo.parallel.config import ParallelConfig
+from megatron_maspo.reward.config import RewardConfig
+from megatron_maspo.rollout.config import RolloutConfig
+from megatron_maspo.train.config import CheckpointConfig, LoggingConfig, OptimConfig, TrainConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(kw_only=True)
+class MaspoConfig:
+    """Everything a run needs. Each section documents and validates its own fields."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        # Cross-section checks; each section validated its own fields already.
+        if self.loss.kl_coef > 0 and not self.train.reference_model:
+            raise ValueError("loss.kl_coef > 0 needs train.reference_model=true (a frozen reference policy)")
+
+
+def dump_yaml(cfg: MaspoConfig) -> str:
+    """The config as YAML text."""
+    import yaml
+
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def save_config(cfg: MaspoConfig, path: str | Path) -> None:
+    """Write the resolved config to ``path`` (atomically)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(dump_yaml(cfg))
+    tmp.replace(path)
+
+
+def load_config(path: str | Path) -> MaspoConfig:
+    """Load a config written by :func:`save_config` (a file, or a run directory holding config.yaml).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: unknown keys or invalid values, naming the key.
+    """
+    import yaml
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.yaml"
+    if not p.is_file():
+        raise FileNotFoundError(f"config file not found: {p}")
+    data = yaml.safe_load(p.read_text()) or {}
+    return from_dict(MaspoConfig, data)
+
+
+def list_recipes() -> list[str]:
+    """Names of the recipes in ``examples/`` (each a module with a ``config()`` function)."""
+    return sorted(p.stem for p in (REPO_ROOT / "examples").glob("*.py") if not p.stem.startswith("_"))
+
+
+def load_recipe(name: str) -> MaspoConfig:
+    """Resolve a recipe: ``tiny`` (examples/tiny.py), ``path/to/file.py[:fn]`` or ``pkg.module[:fn]``.
+
+    Raises:
+        ValueError: unknown recipe (lists the available ones) or a function that returns no MaspoConfig.
+    """
+    target, _, fn_name = name.partition(":")
+    fn_name = fn_name or "config"
+    candidates = [Path(target), REPO_ROOT / "examples" / f"{target}.py", Path("examples") / f"{target}.py"]
+    module = None
+    for c in candidates:
+        if c.suffix == ".py" and c.is_file():
+            # Like running the file as a script: its folder is importable, so recipes can share bases
+            # (examples/_base.py) with a plain ``from _base import ...``.
+            folder = str(c.resolve().parent)
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+            spec = importlib.util.spec_from_file_location(f"maspo_recipe_{c.stem}", c)
+            assert spec and spec.loader
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            break
+    if module is None:
+        try:
+            module = importlib.import_module(target)
+        except ImportError:
+            raise ValueError(f"unknown recipe {name!r}; available: {list_recipes()} "
+                             "(or pass path/to/recipe.py[:fn] or package.module[:fn])") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise ValueError(f"recipe {name!r} has no function {fn_name!r}")
+    cfg = fn()
+    if not isinstance(cfg, MaspoConfig):
+        raise ValueError(f"recipe {name!r}:{fn_name} returned {type(cfg).__name__}, not MaspoConfig")
+    return cfg
+
+
+def resolve_config(recipe: str | None, config_path: str | None, overrides: list[str]) -> MaspoConfig:
+    """The config a command runs with: a recipe or a saved config, then ``--set`` overrides."""
+    if recipe and config_path:
+        raise ValueError("pass either --recipe or --config, not both")
+    cfg = load_config(config_path) if config_path else load_recipe(recipe or "tiny")
+    cfg = apply_overrides(cfg, overrides)
+    # Re-run cross-section validation after overrides.
+    return dataclasses.replace(cfg)
+
+
+def config_to_dict(cfg: MaspoConfig) -> dict[str, Any]:
+    return to_dict(cfg)

@@ -1,0 +1,153 @@
+"""Whole-checkpoint conversion jobs (what the scripts and ``maspo convert`` run).
+
+Each job runs one worker per rank: under ``torchrun`` (``RANK``/``WORLD_SIZE`` set) in the current
+process, otherwise on ``tp·pp·ep`` spawned gloo ranks (``run_workers``). The worker functions are
+module-level so spawn can pickle them; entry scripts must keep their work under
+``if __name__ == "__main__":`` (dist-checkpoint save spawns a helper that re-imports ``__main__``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def _world(tp: int, pp: int, ep: int) -> int:
+    # EP ranks live in the data-parallel dimension (TP = 1 for MoE on the local spec).
+    return tp * pp * max(1, ep // tp)
+
+
+def _groups_and_chunks(spec, tp: int, pp: int, ep: int):
+    from megatron_maspo.model.provider import ModelBuildOptions, build_model_chunks
+    from megatron_maspo.parallel.groups import init_parallel
+
+    groups = init_parallel(tp=tp, pp=pp, ep=ep)
+    opts = ModelBuildOptions(tp=tp, pp=pp, ep=ep)
+    return groups, build_model_chunks(spec, opts, pp_rank=groups.pp_rank)
+
+
+def _verify(chunks, spec, groups, hf_dir: str | Path) -> float | None:
+    """Logits error vs transformers on a few prompts; the figure on last-stage TP-rank-0 ranks."""
+    from megatron_maspo.conversion.verify import (hf_logits, max_relative_error, megatron_logits,
+                                                  verify_prompts)
+
+    tokenizer = None
+    if (Path(hf_dir) / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    tokens = verify_prompts(spec.vocab_size, tokenizer=tokenizer)
+    got = megatron_logits(chunks, spec, groups, tokens)
+    if got is None or groups.tp_rank != 0:
+        return None
+    from transformers import AutoModelForCausalLM
+
+    ref_model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    err = max_relative_error(got, hf_logits(ref_model, tokens))
+    logger.info("verify: max relative logits error %.3e over %s tokens", err, tuple(tokens.shape))
+    return err
+
+
+def hf_to_megatron_rank(rank: int, world: int, hf_dir: str, out: str, tp: int, pp: int, ep: int,
+                        verify: bool) -> dict[str, Any]:
+    """One rank of HF folder -> Megatron dist checkpoint (then reload and verify, if asked)."""
+    from megatron_maspo.conversion.dist_ckpt import load_model_checkpoint, save_model_checkpoint
+    from megatron_maspo.conversion.hf_to_megatron import load_hf_weights
+    from megatron_maspo.model.hf_config import arch_spec_from_hf
+
+    spec = arch_spec_from_hf(hf_dir)
+    groups, chunks = _groups_and_chunks(spec, tp, pp, ep)
+    load_hf_weights(chunks, spec, groups, hf_dir)
+    save_model_checkpoint(chunks, out, spec, hf_assets=hf_dir)
+    result: dict[str, Any] = {"rank": rank, "out": out}
+    if verify:
+        for m in chunks:  # reload from disk into zeroed weights: verify the checkpoint, not memory
+            for p in m.parameters():
+                p.data.zero_()
+        load_model_checkpoint(chunks, out)
+        result["max_rel_error"] = _verify(chunks, spec, groups, hf_dir)
+    return result
+
+
+def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp: int, ep: int,
+                        dtype: str | None, verify: bool) -> dict[str, Any]:
+    """One rank of Megatron dist checkpoint -> HF folder (rank 0 writes; all ranks export)."""
+    from megatron_maspo.conversion.dist_ckpt import ASSETS_DIR, load_arch_spec, load_model_checkpoint
+    from megatron_maspo.conversion.megatron_to_hf import export_hf_weights, save_hf_folder
+    from megatron_maspo.model.hf_config import hf_config_dict
+
+    spec = load_arch_spec(ckpt)
+    groups, chunks = _groups_and_chunks(spec, tp, pp, ep)
+    load_model_checkpoint(chunks, ckpt)
+    tdtype = getattr(torch, dtype) if dtype else None
+    stream = export_hf_weights(chunks, spec, groups, dtype=tdtype)
+    if rank == 0:
+        config = hf_config_dict(spec)
+        if tdtype is not None:
+            config["torch_dtype"] = str(tdtype).removeprefix("torch.")
+        assets = Path(ckpt) / ASSETS_DIR
+        try:
+            save_hf_folder(stream, out, config, copy_from=assets if assets.is_dir() else None)
+        except BaseException:
+            for _ in stream:  # keep the other ranks' collectives matched, then fail
+                pass
+            raise
+    else:
+        for _ in stream:
+            pass
+    torch.distributed.barrier()
+    result: dict[str, Any] = {"rank": rank, "out": out}
+    if verify:
+        result["max_rel_error"] = _verify(chunks, spec, groups, out)
+    return result
+
+
+def run_job(fn, tp: int, pp: int, ep: int, *args: Any, timeout_s: float = 3600) -> list[dict]:
+    """Run ``fn(rank, world, *args)`` on every rank: in-process under torchrun, else spawned."""
+    world = _world(tp, pp, ep)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        import torch.distributed as dist
+
+        if int(os.environ["WORLD_SIZE"]) != world:
+            raise ValueError(f"torchrun WORLD_SIZE={os.environ['WORLD_SIZE']} but tp*pp*ep layout needs {world}")
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        return [fn(dist.get_rank(), world, *args)]
+    from megatron_maspo.parallel.launch import run_workers
+
+    return run_workers(fn, world, *args, timeout_s=timeout_s)
+
+
+def _reject_existing(out: str | Path) -> None:
+    if Path(out).exists():
+        raise ValueError(f"output path {out} already exists; refusing to overwrite")
+
+
+def convert_hf_to_megatron(hf_dir: str | Path, out: str | Path, *, tp: int = 1, pp: int = 1,
+                           ep: int = 1, verify: bool = False) -> list[dict]:
+    """HF folder -> Megatron distributed checkpoint written at layout ``tp x pp x ep`` (loadable at
+    any layout). Validates the architecture and layout before starting any rank."""
+    from megatron_maspo.model.hf_config import arch_spec_from_hf
+
+    _reject_existing(out)
+    arch_spec_from_hf(hf_dir).validate_layout(tp, pp, ep)
+    return run_job(hf_to_megatron_rank, tp, pp, ep, str(hf_dir), str(out), tp, pp, ep, verify)
+
+
+def convert_megatron_to_hf(ckpt: str | Path, out: str | Path, *, tp: int = 1, pp: int = 1,
+                           ep: int = 1, dtype: str | None = None, verify: bool = False) -> list[dict]:
+    """Megatron distributed checkpoint (saved at any layout) -> HF folder (safetensors + config +
+    tokenizer files), exported through a model built at ``tp x pp x ep``."""
+    from megatron_maspo.conversion.dist_ckpt import load_arch_spec
+
+    _reject_existing(out)
+    if dtype not in (None, "float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype={dtype!r}; accepted: None, 'float32', 'bfloat16', 'float16'")
+    load_arch_spec(ckpt).validate_layout(tp, pp, ep)
+    return run_job(megatron_to_hf_rank, tp, pp, ep, str(ckpt), str(out), tp, pp, ep, dtype, verify)

@@ -1,0 +1,93 @@
+"""NeMo-Run executors and tasks for ``maspo launch`` (the only module that imports ``nemo_run``).
+
+The task is ``torchrun ... -m megatron_maspo.cli.main train --config <resolved config.yaml>``: a
+``run.Script`` with ``m=True`` rather than a ``run.Partial``, so the training processes never import
+nemo_run or fiddle, and the config travels as the YAML file :func:`job.write_config` wrote.
+
+Traps handled here (megatron-on-cpu.md §9): ``leptonai>=0.47`` breaks ``import nemo_run`` (pinned in the
+``launch`` extra); the default GitArchivePackager needs a git checkout, so a plain ``run.Packager`` is used
+(the package is installed in the container); with the torchrun launcher nemo-run requests one Slurm task
+per node and torchrun spawns ``gpus_per_node`` workers; any script that calls :func:`launch` must guard
+its entry with ``if __name__ == "__main__":`` (nemo-run re-executes ``__main__`` in local task processes).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from megatron_maspo.launch.job import TRAIN_MODULE, LaunchOptions, job_env, job_root
+
+try:
+    import nemo_run as run
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError("maspo launch needs NeMo-Run: pip install 'megatron-maspo[launch]' "
+                      f"(nemo-run==0.11.1 with leptonai<0.47); import failed with: {e}") from e
+
+logger = logging.getLogger(__name__)
+
+
+def build_executor(opts: LaunchOptions, *, cuda: bool = True) -> run.Executor:
+    """A LocalExecutor or SlurmExecutor running torchrun with ``opts.gpus_per_node`` workers per node.
+
+    Args:
+        opts: launch options (validated).
+        cuda: add the GPU environment defaults (False for CPU-only local runs).
+    """
+    env = job_env(opts, cuda=cuda)
+    launcher = run.Torchrun(rdzv_port=opts.master_port)
+    if opts.executor == "local":
+        # Task processes must import this package from the same tree as the launcher.
+        root = str(Path(__file__).resolve().parents[2])
+        env.setdefault("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        return run.LocalExecutor(ntasks_per_node=opts.gpus_per_node, launcher=launcher, env_vars=env)
+    root = str(job_root(opts))
+    # The job root (resolved config, run directory) is mounted at the same path inside the container.
+    mounts = list(dict.fromkeys([*opts.container_mounts, f"{root}:{root}"]))
+    return run.SlurmExecutor(
+        account=opts.account, partition=opts.partition, time=opts.time, nodes=opts.nodes,
+        ntasks_per_node=opts.gpus_per_node, gpus_per_node=opts.gpus_per_node,
+        container_image=opts.container_image, container_mounts=mounts, env_vars=env,
+        exclusive=True, launcher=launcher, packager=run.Packager(), job_name_prefix="maspo-",
+        # Start in the job root: nemo-run's default workdir (/nemo_run/code) is empty with a plain Packager;
+        # srun honours the last --container-workdir, and srun_args come after nemo-run's own flags.
+        srun_args=[f"--container-workdir={root}"],
+        tunnel=run.LocalTunnel(job_dir=str(job_root(opts) / "nemo_run")),
+    )
+
+
+def build_task(args: list[str], module: str = TRAIN_MODULE) -> run.Script:
+    """``python -m <module> <args...>`` as a NeMo-Run script task (torchrun prepends its own flags)."""
+    return run.Script(path=module, args=list(args), entrypoint="python", m=True)
+
+
+def dry_run_script(opts: LaunchOptions, task: run.Script, *, cuda: bool = True) -> str:
+    """The job script NeMo-Run would submit (the sbatch script on Slurm, the command locally); submits
+    nothing. The experiment folder NeMo-Run prepares for the dry run is deleted again."""
+    with run.Experiment(opts.name, executor=build_executor(opts, cuda=cuda), log_level="WARN") as exp:
+        exp.add(task, name=opts.name)
+        exp.dryrun(log=False)
+        info = getattr(exp.jobs[0], "_dryrun_info", None)
+    if info is None:  # pragma: no cover - guards a nemo-run internal
+        raise RuntimeError("nemo-run produced no dry-run info; check the installed nemo-run version (0.11.1)")
+    return str(info)
+
+
+def launch(opts: LaunchOptions, task: run.Script, *, cuda: bool = True) -> None:
+    """Run ``task`` locally (blocks until it ends) or submit it to Slurm (returns once queued).
+
+    Raises:
+        RuntimeError: a local run did not succeed (names the state and the log folder).
+    """
+    executor = build_executor(opts, cuda=cuda)
+    local = opts.executor == "local"
+    with run.Experiment(opts.name, executor=executor, log_level="WARN") as exp:
+        exp.add(task, name=opts.name, tail_logs=local)
+        exp.run(detach=not local)
+    # Leaving the context waited for a local job; its final state is on the job object.
+    state = exp.jobs[0].state
+    name = getattr(state, "name", str(state))
+    if local and name != "SUCCEEDED":
+        raise RuntimeError(f"launch {opts.name!r} ended in state {name}; logs under {exp._exp_dir}")
+    logger.info("launch %r: %s (experiment folder %s)", opts.name, name, exp._exp_dir)

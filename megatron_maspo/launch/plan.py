@@ -1,0 +1,396 @@
+"""Capacity planner: per-GPU memory and a rough step-time split for a recipe on a cluster (pure maths).
+
+Memory (GiB = 2^30 bytes, per GPU, on the worst pipeline stage; P_l = parameters held by the GPU):
+
+    weights     = P_l * (2 if bf16 else 4)
+    grads       = P_l * 4                         fp32 grad buffer (Megatron accumulates bf16 grads in fp32)
+    optimizer   = P_l * (12 if bf16 else 8) / d   fp32 main copy (bf16 only) + Adam m, v; d = DP size with the
+                                                  distributed optimizer (expert params: d = DP / EP), else 1
+    activations = k * (L / pp) * N * a            N = train.max_tokens_per_micro_batch tokens per micro-batch,
+                                                  k = micro-batches in flight on stage 0 (min(pp, #micro)),
+                                                  a = bytes per token per layer (below)
+    logprob     = 2 * C * V_pad / tp * 4          one fp32 logits chunk of C = train.logprob_chunk_size tokens
+                                                  and its softmax/gradient buffer
+    engine      = u * M                           colocated vLLM: gpu_memory_utilization x GPU memory
+                                                  (its weights 2 * P / vllm_tp + paged KV cache fill it)
+
+    peak = weights + grads + optimizer + max(activations + logprob, engine) + reserve
+
+The vLLM engine sleeps (level 1/2) during the update, so its share and the trainer's activations never
+coexist; the trainer's weights, grads and optimizer state stay resident throughout (no offload).
+
+Activation bytes per token per layer ``a`` (no sequence parallelism, flash attention so no s^2 tensor,
+dropout 0 as in RL; e = element bytes; Korthikanti et al. 2022 generalised to GQA and SwiGLU):
+
+    none / selective:  e * (4h + (n_h d + 2 n_g d)/t + n_h d / t + 3F/t) + 4 n_h / t
+    MoE MLP instead of 3F/t: top_k * (h + 3 F_moe) / t + 2E (fp32 router logits)
+    full:              e * h  (layer input only; one layer's full set is added once for the recompute)
+
+Selective recompute (core attention) saves nothing measurable with flash attention, so it is modelled as
+none. Step time (seconds per rollout step) from FLOPs and bandwidth, with the efficiencies of
+:class:`Assumptions`:
+
+    old-logprob = F_fwd / (W * peak * mfu)          F_fwd = 2 P_act T + 2 L n_h d sum(s^2)  (x2 with a
+                                                    reference model)
+    update      = (3 or 4 with full recompute) * F_fwd / (W * peak * mfu)
+    generation  = R * waves * max(bytes_step / (HBM * eff), 2 P_act c / (vllm_tp * peak * mfu))
+                  bytes_step = 2 P / vllm_tp + c * L_live * kv_token_bytes, c concurrent sequences per engine
+    sync        = 2 P / sync bandwidth
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
+
+if TYPE_CHECKING:
+    from megatron_maspo.config import MaspoConfig
+
+logger = logging.getLogger(__name__)
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, kw_only=True)
+class Assumptions:
+    """Hardware figures and efficiencies the estimate rests on (defaults: H100-SXM-80G, performance.md)."""
+
+    gpu_mem_gb: float = 80.0
+    """Usable GPU memory in GiB."""
+    peak_tflops: float = 989.0
+    """Dense bf16 tensor peak per GPU (H100/H200 SXM)."""
+    hbm_tb_s: float = 3.35
+    """HBM bandwidth, TB/s (H100 3.35, H200 4.8)."""
+    mfu: float = 0.35
+    """Model-FLOPs utilisation of trainer forward/backward (RL update phases: 0.2-0.4)."""
+    decode_bw_eff: float = 0.5
+    """Fraction of HBM bandwidth a decode step achieves (engines reach 40-60% of the roofline)."""
+    sync_gb_s: float = 20.0
+    """Effective weight-sync bandwidth in GB/s (observed 8-80)."""
+    reserve_gb: float = 3.0
+    """CUDA context, NCCL buffers and allocator fragmentation, GiB."""
+    engine_overhead_gb: float = 2.0
+    """vLLM activations / CUDA graphs inside its memory share, GiB."""
+    prompt_frac: float = 0.5
+    """Average prompt length as a fraction of ``train.max_prompt_tokens``."""
+    response_frac: float = 0.5
+    """Average response length as a fraction of ``rollout.max_new_tokens``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """The knobs the planner searches over."""
+
+    tp: int
+    pp: int
+    ep: int = 1
+    vpp: int | None = None
+    recompute: str | None = None
+    distributed_optimizer: bool = False
+    vllm_tp: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Memory:
+    """Per-GPU memory in GiB (see the module docstring for each formula)."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    logprob: float
+    engine: float
+    reserve: float
+
+    @property
+    def train_peak(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.logprob + self.reserve
+
+    @property
+    def rollout_peak(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.engine + self.reserve
+
+    @property
+    def peak(self) -> float:
+        return max(self.train_peak, self.rollout_peak)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTime:
+    """Seconds per rollout step by phase."""
+
+    generation: float
+    old_logprob: float
+    update: float
+    sync: float
+
+    @property
+    def total(self) -> float:
+        return self.generation + self.old_logprob + self.update + self.sync
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """The outcome for one layout: figures, and why it is refused (empty ``reasons`` = fits)."""
+
+    layout: Layout
+    world: int
+    dp: int
+    memory: Memory | None = None
+    time: StepTime | None = None
+    kv_seqs: int = 0
+    """Full-length sequences the engine's KV pool holds at once (per engine)."""
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.reasons
+
+
+def arch_of(cfg: MaspoConfig) -> ArchSpec:
+    """The architecture a config trains: ``model.arch`` preset, else the HF folder, else the tiny model."""
+    from megatron_maspo.model.presets import get_preset
+
+    if cfg.model.arch:
+        return get_preset(cfg.model.arch)
+    if cfg.model.source == "tiny":
+        return tiny_qwen2_spec(num_layers=cfg.model.tiny_num_layers, hidden_size=cfg.model.tiny_hidden_size)
+    if Path(cfg.model.source).is_dir():
+        from megatron_maspo.model.hf_config import arch_spec_from_hf
+
+        return arch_spec_from_hf(cfg.model.source)
+    raise ValueError(f"model.source={cfg.model.source!r} is not readable here; set model.arch to a preset")
+
+
+def layout_of(cfg: MaspoConfig) -> Layout:
+    p = cfg.parallel
+    return Layout(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, recompute=cfg.model.recompute,
+                  distributed_optimizer=p.distributed_optimizer, vllm_tp=cfg.rollout.vllm_tp)
+
+
+def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[float, float]:
+    """(non-expert, expert) parameters held by one GPU of the worst pipeline stage."""
+    h, t = spec.hidden_size, lay.tp
+    nh, g, d = spec.num_attention_heads, spec.num_query_groups, spec.kv_channels
+    attn = (h * nh * d + 2 * h * g * d + nh * d * h) / t
+    if spec.add_qkv_bias:
+        attn += (nh * d + 2 * g * d) / t
+    if spec.qk_layernorm:
+        attn += 2 * d
+    dense, expert = attn + 2 * h, 0.0
+    if spec.is_moe:
+        assert spec.num_moe_experts and spec.moe_ffn_hidden_size
+        expert = spec.num_moe_experts * 3 * h * spec.moe_ffn_hidden_size / (lay.ep * t)
+        dense += h * spec.num_moe_experts
+        if spec.moe_shared_expert_intermediate_size:
+            dense += 3 * h * spec.moe_shared_expert_intermediate_size / t + h
+    else:
+        dense += 3 * h * spec.ffn_hidden_size / t
+    layers = spec.num_layers // lay.pp
+    emb = spec.padded_vocab_size(t, divisible_by) * h / t
+    if lay.pp == 1:
+        extra = emb * (1 if spec.tie_word_embeddings else 2) + h
+    else:
+        # Stage 0 holds the embedding, the last stage the output layer (a copy when tied) + final norm.
+        extra = emb + h
+    return layers * dense + extra, layers * expert
+
+
+def activation_bytes(spec: ArchSpec, tp: int, recompute: str | None, elt: int) -> float:
+    """Bytes kept per token per layer for the backward (module docstring formula)."""
+    h, t = spec.hidden_size, tp
+    nh, g, d = spec.num_attention_heads, spec.num_query_groups, spec.kv_channels
+    if spec.is_moe:
+        assert spec.moe_ffn_hidden_size and spec.num_moe_experts
+        mlp = spec.moe_router_topk * (h + 3 * spec.moe_ffn_hidden_size) / t
+        router = 4 * spec.num_moe_experts
+    else:
+        mlp, router = 3 * spec.ffn_hidden_size / t, 0
+    full_set = elt * (4 * h + (nh * d + 2 * g * d) / t + nh * d / t + mlp) + 4 * nh / t + router
+    return elt * h if recompute == "full" else full_set
+
+
+def kv_bytes_per_token(spec: ArchSpec, vllm_tp: int) -> float:
+    """bf16 K and V of all layers for one token on one engine GPU (KV heads replicate when vllm_tp > n_g)."""
+    heads = max(1, math.ceil(spec.num_query_groups / vllm_tp))
+    return 2 * spec.num_layers * heads * spec.kv_channels * 2
+
+
+def active_params(spec: ArchSpec) -> float:
+    """Parameters touched per token in a forward (LM head yes, embedding lookup no; top-k experts)."""
+    p = spec.num_parameters()
+    if not spec.tie_word_embeddings:
+        p -= spec.vocab_size * spec.hidden_size
+    if spec.is_moe:
+        assert spec.num_moe_experts and spec.moe_ffn_hidden_size
+        per_expert = 3 * spec.hidden_size * spec.moe_ffn_hidden_size
+        p -= spec.num_layers * (spec.num_moe_experts - spec.moe_router_topk) * per_expert
+    return float(p)
+
+
+def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_per_node: int,
+             hw: Assumptions | None = None) -> Plan:
+    """Memory and time for ``cfg`` on ``nodes x gpus_per_node`` GPUs with layout ``lay``.
+
+    Returns a :class:`Plan`; ``plan.reasons`` lists every violated constraint (empty when it fits).
+    """
+    hw = hw or Assumptions()
+    world = nodes * gpus_per_node
+    reasons: list[str] = []
+    try:
+        spec.validate_layout(lay.tp, lay.pp, lay.ep, lay.vpp)
+    except ValueError as e:
+        reasons.append(str(e))
+    if world % (lay.tp * lay.pp):
+        reasons.append(f"world size {world} is not divisible by tp*pp = {lay.tp * lay.pp}")
+        return Plan(layout=lay, world=world, dp=0, reasons=reasons)
+    dp = world // (lay.tp * lay.pp)
+    if lay.tp > gpus_per_node:
+        reasons.append(f"tp={lay.tp} spans nodes (gpus_per_node={gpus_per_node}); keep TP inside NVLink")
+    if dp % lay.ep:
+        reasons.append(f"data-parallel size {dp} is not divisible by ep={lay.ep}")
+    if lay.vllm_tp > gpus_per_node or world % lay.vllm_tp:
+        reasons.append(f"rollout.vllm_tp={lay.vllm_tp} must divide the world ({world}) within a node")
+    tr, ro = cfg.train, cfg.rollout
+    seq_max = tr.max_prompt_tokens + ro.max_new_tokens
+    if seq_max > tr.max_tokens_per_micro_batch:
+        reasons.append(f"train.max_tokens_per_micro_batch={tr.max_tokens_per_micro_batch} < max_prompt_tokens"
+                       f" + max_new_tokens = {seq_max}: a full-length sequence fits no micro-batch")
+    if seq_max > spec.max_position_embeddings:
+        reasons.append(f"sequence length {seq_max} exceeds max_position_embeddings={spec.max_position_embeddings}")
+    seqs_per_mini = tr.prompts_per_step // tr.mini_batches_per_step * ro.group_size
+    if seqs_per_mini < dp:
+        reasons.append(f"{seqs_per_mini} sequences per mini-batch < dp={dp}: some ranks would get none")
+
+    # --- memory -------------------------------------------------------------------------------------
+    bf16 = cfg.model.bf16
+    p_dense, p_expert = local_params(spec, lay, cfg.model.make_vocab_size_divisible_by)
+    p_local = p_dense + p_expert
+    opt_per_param = 12 if bf16 else 8
+    d_dense = dp if lay.distributed_optimizer else 1
+    d_expert = max(1, dp // lay.ep) if lay.distributed_optimizer else 1
+    elt = 2 if bf16 else 4
+    avg_prompt, avg_resp = tr.max_prompt_tokens * hw.prompt_frac, ro.max_new_tokens * hw.response_frac
+    avg_seq = avg_prompt + avg_resp
+    tokens_per_rank_mini = seqs_per_mini * avg_seq / dp
+    n_micro = max(1, math.ceil(tokens_per_rank_mini / tr.max_tokens_per_micro_batch))
+    inflight = min(lay.pp, n_micro)
+    if lay.vpp:
+        inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
+    per_layer = activation_bytes(spec, lay.tp, lay.recompute, elt)
+    n_tok = tr.max_tokens_per_micro_batch
+    act = inflight * (spec.num_layers // lay.pp) * n_tok * per_layer
+    if lay.recompute == "full":
+        act += n_tok * activation_bytes(spec, lay.tp, None, elt)
+    act += n_tok * spec.hidden_size * elt  # final hidden states feeding the LM head
+    v_pad = spec.padded_vocab_size(lay.tp, cfg.model.make_vocab_size_divisible_by)
+    chunk = min(tr.logprob_chunk_size, n_tok)
+    logprob = 2 * chunk * v_pad / lay.tp * 4
+    p_total = spec.num_parameters()
+    engine_w = 2 * p_total / lay.vllm_tp
+    if ro.engine == "vllm":
+        engine = ro.vllm_gpu_memory_utilization * hw.gpu_mem_gb * GIB
+        kv_pool = engine - engine_w - hw.engine_overhead_gb * GIB
+    else:  # builtin engine: a bf16 copy plus KV for this rank's sequences at full length
+        kv_pool = ro.group_size * tr.prompts_per_step / world * seq_max * kv_bytes_per_token(spec, 1)
+        engine = engine_w + kv_pool
+    mem = Memory(weights=p_local * elt / GIB, grads=p_local * 4 / GIB,
+                 optimizer=(p_dense / d_dense + p_expert / d_expert) * opt_per_param / GIB,
+                 activations=act / GIB, logprob=logprob / GIB, engine=engine / GIB,
+                 reserve=hw.reserve_gb)
+    if mem.peak > hw.gpu_mem_gb:
+        reasons.append(f"needs {mem.peak:.1f} GiB per GPU > {hw.gpu_mem_gb:.0f} GiB (train peak "
+                       f"{mem.train_peak:.1f}, rollout peak {mem.rollout_peak:.1f})")
+    kvpt = kv_bytes_per_token(spec, lay.vllm_tp)
+    kv_seqs = int(max(0.0, kv_pool) // (kvpt * seq_max))
+    if kv_seqs < 1:
+        reasons.append(f"the engine's KV pool ({kv_pool / GIB:.1f} GiB) holds no full-length sequence of "
+                       f"{seq_max} tokens; raise rollout.vllm_gpu_memory_utilization or vllm_tp")
+
+    # --- time -----------------------------------------------------------------------------------------
+    n_seqs = tr.prompts_per_step * ro.group_size
+    p_act = active_params(spec)
+    f_fwd = 2 * p_act * n_seqs * avg_seq
+    f_fwd += 2 * spec.num_layers * spec.num_attention_heads * spec.kv_channels * avg_seq**2 * n_seqs
+    cluster = world * hw.peak_tflops * 1e12 * hw.mfu
+    old_lp = f_fwd * (2 if tr.reference_model else 1) / cluster
+    update = f_fwd * (4 if lay.recompute == "full" else 3) / cluster
+    engines = world // lay.vllm_tp if world % lay.vllm_tp == 0 else 1
+    per_engine = math.ceil(n_seqs / engines)
+    live = avg_prompt + avg_resp / 2
+    conc = max(1, min(per_engine, int(max(0.0, kv_pool) // (kvpt * live))))
+    waves = math.ceil(per_engine / conc)
+    t_bw = (engine_w + conc * live * kvpt) / (hw.hbm_tb_s * 1e12 * hw.decode_bw_eff)
+    t_fl = 2 * p_act * conc / (lay.vllm_tp * hw.peak_tflops * 1e12 * hw.mfu)
+    gen = avg_resp * waves * max(t_bw, t_fl)
+    sync = 2 * p_total / (hw.sync_gb_s * 1e9)
+    return Plan(layout=lay, world=world, dp=dp, memory=mem, kv_seqs=kv_seqs, reasons=reasons,
+                time=StepTime(generation=gen, old_logprob=old_lp, update=update, sync=sync))
+
+
+def _divisors(n: int, cap: int) -> list[int]:
+    return [k for k in range(1, min(n, cap) + 1) if n % k == 0]
+
+
+def suggest(cfg: MaspoConfig, spec: ArchSpec, *, nodes: int, gpus_per_node: int,
+            hw: Assumptions | None = None) -> Plan | None:
+    """The fitting layout nearest to the config's: fewest changed knobs, then the fastest step."""
+    base = layout_of(cfg)
+    tps = [t for t in (1, 2, 4, 8) if t <= gpus_per_node]
+    pps = _divisors(spec.num_layers, 16)
+    eps = _divisors(spec.num_moe_experts, 64) if spec.is_moe else [1]
+    best: tuple[tuple[int, float], Plan] | None = None
+    for tp, pp, ep, rc, do, vtp in itertools.product(tps, pps, eps, (None, "selective", "full"),
+                                                     (False, True), tps):
+        lay = Layout(tp=tp, pp=pp, ep=ep, vpp=base.vpp if base.vpp and pp == base.pp else None,
+                     recompute=rc, distributed_optimizer=do, vllm_tp=vtp)
+        plan = estimate(cfg, spec, lay, nodes=nodes, gpus_per_node=gpus_per_node, hw=hw)
+        if not plan.fits or plan.time is None:
+            continue
+        changed = sum(getattr(lay, f.name) != getattr(base, f.name) for f in dataclasses.fields(Layout))
+        key = (changed, plan.time.total)
+        if best is None or key < best[0]:
+            best = (key, plan)
+    return best[1] if best else None
+
+
+def apply_layout(cfg: MaspoConfig, lay: Layout) -> list[str]:
+    """``--set`` overrides that turn ``cfg`` into layout ``lay`` (only the fields that differ)."""
+    cur = layout_of(cfg)
+    names = {"tp": "parallel.tp", "pp": "parallel.pp", "ep": "parallel.ep", "vpp": "parallel.vpp",
+             "recompute": "model.recompute", "distributed_optimizer": "parallel.distributed_optimizer",
+             "vllm_tp": "rollout.vllm_tp"}
+    out = []
+    for f in dataclasses.fields(Layout):
+        new = getattr(lay, f.name)
+        if new != getattr(cur, f.name):
+            out.append(f"{names[f.name]}={'null' if new is None else str(new).lower()}")
+    return out
+
+
+def format_plan(plan: Plan, title: str = "") -> str:
+    """A human-readable report of one plan."""
+    lay = plan.layout
+    lines = [f"{title}world={plan.world} tp={lay.tp} pp={lay.pp} ep={lay.ep} dp={plan.dp} vpp={lay.vpp} "
+             f"recompute={lay.recompute} distributed_optimizer={lay.distributed_optimizer} "
+             f"vllm_tp={lay.vllm_tp}"]
+    if plan.memory:
+        m = plan.memory
+        lines.append(f"  memory/GPU GiB: weights {m.weights:.1f}  grads {m.grads:.1f}  optimizer "
+                     f"{m.optimizer:.1f}  activations {m.activations:.1f}  logprob-chunk {m.logprob:.2f}  "
+                     f"engine {m.engine:.1f}  reserve {m.reserve:.1f}")
+        lines.append(f"  peak GiB: train {m.train_peak:.1f}  rollout {m.rollout_peak:.1f}  "
+                     f"-> {m.peak:.1f}; KV pool holds {plan.kv_seqs} full-length sequences per engine")
+    if plan.time:
+        t = plan.time
+        lines.append(f"  step s: generation {t.generation:.0f}  old-logprob {t.old_logprob:.0f}  update "
+                     f"{t.update:.0f}  sync {t.sync:.1f}  total {t.total:.0f}")
+    lines += [f"  REFUSED: {r}" for r in plan.reasons] or ["  fits"]
+    return "\n".join(lines)

@@ -1,0 +1,88 @@
+"""BAPO: Balanced Policy Optimisation with adaptive clipping (Xi et al. 2025, arXiv 2510.18927).
+
+PPO-clip with explicit ratio bounds ``[c_low, c_high]`` searched once per call, before the gradient
+step, so that positive-advantage tokens carry at least a share ρ₀ of the (detached) contribution
+(Eq. 8, Alg. 1; algorithms.md §8):
+
+    P(c_high) = Σ_{Â>0} |Â|·min(ρ, c_high),   N(c_low) = Σ_{Â<0} |Â|·max(ρ, c_low)
+    raise c_high by δ₁ (up to b⁺), then c_low by δ₂ (up to b⁻), while P/(P+N) < ρ₀
+
+Every candidate's P and N are computed in one vectorised pass and SUM-reduced over ``dp_group`` in a
+single all-reduce (not one per search step), so all DP ranks pick the same bounds. The search sees the
+tokens of this call only: call it on the whole mini-batch (or pass the DP group) to match the paper's
+"per batch" statistics.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from megatron_maspo.loss.base import MethodOutput, TokenContext, clamped_log_ratio
+from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.loss.ppo import ppo_clip_loss
+
+
+def _grid(lo: float, hi: float, step: float, like: torch.Tensor) -> torch.Tensor:
+    n = int((hi - lo) / step + 1e-9) + 1
+    return lo + step * torch.arange(n, dtype=like.dtype, device=like.device)
+
+
+def bapo_search_bounds(ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: LossConfig,
+                       dp_group: dist.ProcessGroup | None = None) -> tuple[float, float, float]:
+    """Search BAPO's ratio bounds (Alg. 1) on detached statistics.
+
+    Args:
+        ratio: [T] ρ (detached inside).
+        adv: [T] Â.
+        mask: [T] bool, valid tokens.
+        cfg: bapo_* fields (target share, ranges, steps, contribution, order).
+        dp_group: if given, candidate sums are SUM-all-reduced over it (one collective).
+
+    Returns:
+        (c_low, c_high, share) with share the positive share reached at the returned bounds.
+    """
+    r = ratio.detach()
+    a_abs = adv.detach().abs() * mask
+    pos, neg = (adv > 0) & mask, (adv < 0) & mask
+    highs = _grid(*cfg.bapo_high_range, cfg.bapo_step_high, r)
+    lows = _grid(*cfg.bapo_low_range, cfg.bapo_step_low, r)
+    p_k = (torch.where(pos, a_abs, 0)[:, None] * torch.minimum(r[:, None], highs)).sum(0)
+    if cfg.bapo_contribution == "loss_value":
+        n_j = (torch.where(neg, a_abs, 0)[:, None] * torch.maximum(r[:, None], lows)).sum(0)
+    else:  # gradient_mass: only negatives that still carry gradient (ρ ≥ c_low) count
+        n_j = (torch.where(neg, a_abs * r, 0)[:, None] * (r[:, None] >= lows)).sum(0)
+    sums = torch.cat([p_k, n_j])
+    if dp_group is not None:
+        dist.all_reduce(sums, group=dp_group)
+    p_k, n_j = sums[: len(highs)].tolist(), sums[len(highs):].tolist()
+
+    def share(i: int, j: int) -> float:
+        tot = p_k[i] + n_j[j]
+        return 1.0 if tot <= 0 else p_k[i] / tot
+
+    i = j = 0
+    while share(i, j) < cfg.bapo_target_share and j + 1 < len(lows):
+        if cfg.bapo_order == "high_first":
+            if i + 1 < len(highs):
+                i += 1
+            else:
+                j += 1
+        elif j + 1 < len(lows):
+            j += 1
+    if cfg.bapo_order == "low_first":
+        # Official code: after c_low is exhausted, raise c_high.
+        while share(i, j) < cfg.bapo_target_share and i + 1 < len(highs):
+            i += 1
+    return float(lows[j]), float(highs[i]), share(i, j)
+
+
+def bapo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv: torch.Tensor,
+         ctx: TokenContext) -> MethodOutput:
+    """BAPO per-token loss: PPO-clip(c_low, c_high) with the searched bounds (+ optional dual-clip)."""
+    ratio = torch.exp(clamped_log_ratio(logprobs, old_logprobs, cfg.log_ratio_clamp))
+    c_low, c_high, share = bapo_search_bounds(ratio, adv, ctx.mask, cfg, ctx.dp_group)
+    loss, w = ppo_clip_loss(ratio, adv, c_low, c_high, cfg.dual_clip_c)
+    extras = {k: torch.tensor(v, dtype=ratio.dtype, device=ratio.device)
+              for k, v in (("bapo/c_low", c_low), ("bapo/c_high", c_high), ("bapo/pos_share", share))}
+    return MethodOutput(loss=loss, weight=w, ratio=ratio.detach(), extras=extras)

@@ -1,0 +1,28 @@
+"""SAPO: Soft Adaptive Policy Optimisation (Gao et al. 2025, arXiv 2511.20347; algorithms.md §9).
+
+``J = E[f_τ(ρ)·Â]`` with ``f_τ(ρ) = (4/τ)·σ(τ(ρ-1))`` and τ = τ_pos if Â > 0 else τ_neg. The gate is
+part of the differentiated surrogate, so ``w = 4s(1-s) = sech²(τ(ρ-1)/2)``, ``s = σ(τ(ρ-1))``: smooth,
+bilateral, never exactly 0, w(1) = 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron_maspo.loss.base import MethodOutput, TokenContext, clamped_log_ratio
+from megatron_maspo.loss.config import LossConfig
+
+
+def sapo_weight(ratio: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
+    """SAPO gradient weight ``sech²(τ(ρ-1)/2)``; [T], detached."""
+    s = torch.sigmoid(tau * (ratio.detach() - 1.0))
+    return 4.0 * s * (1.0 - s)
+
+
+def sapo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv: torch.Tensor,
+         ctx: TokenContext) -> MethodOutput:
+    """SAPO per-token loss ``-(4/τ)·σ(τ(ρ-1))·Â``; [T]."""
+    ratio = torch.exp(clamped_log_ratio(logprobs, old_logprobs, cfg.log_ratio_clamp))
+    tau = torch.where(adv > 0, cfg.tau_pos, cfg.tau_neg).to(ratio.dtype)
+    loss = -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * adv
+    return MethodOutput(loss=loss, weight=sapo_weight(ratio, tau), ratio=ratio.detach())

@@ -1,0 +1,159 @@
+"""``--set a.b=value`` overrides and dict <-> dataclass conversion for the config tree.
+
+Values are coerced against the dataclass field's annotation (bool, int, float, str, ``X | None``,
+``Literal``, lists of scalars). An unknown key or a value that does not fit fails with a ``ValueError``
+naming the key and what it accepts. After an override the touched dataclass is rebuilt so its
+``__post_init__`` validation runs again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Literal, Union, get_args, get_origin
+
+_NONE_WORDS = {"none", "null", "~"}
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(key: str, text: Any, tp: Any) -> Any:
+    """Convert ``text`` (a string from the command line, or a YAML scalar) to annotation ``tp``."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if isinstance(text, str) and text.strip().lower() in _NONE_WORDS or text is None:
+            if type(None) in get_args(tp):
+                return None
+        errors = []
+        for a in args:
+            try:
+                return _coerce(key, text, a)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(f"{key}: cannot read {text!r} as {tp}: {'; '.join(errors)}")
+    if origin is Literal:
+        choices = get_args(tp)
+        for c in choices:
+            if str(c) == str(text):
+                return c
+        raise ValueError(f"{key}: {text!r} is not one of {list(choices)}")
+    if origin in (list, tuple):
+        (inner,) = get_args(tp)[:1] or (str,)
+        items = text if isinstance(text, list | tuple) else [t for t in str(text).split(",") if t.strip()]
+        vals = [_coerce(key, t.strip() if isinstance(t, str) else t, inner) for t in items]
+        return vals if origin is list else tuple(vals)
+    if origin is dict or tp is dict:
+        if isinstance(text, dict):
+            return text
+        raise ValueError(f"{key}: dict fields cannot be set from the command line")
+    if tp is bool:
+        if isinstance(text, bool):
+            return text
+        s = str(text).strip().lower()
+        if s in _TRUE:
+            return True
+        if s in _FALSE:
+            return False
+        raise ValueError(f"{key}: {text!r} is not a boolean; accepted: true/false")
+    if tp is int:
+        if isinstance(text, bool):
+            raise ValueError(f"{key}: {text!r} is not an integer")
+        try:
+            return int(str(text).replace("_", ""))
+        except ValueError:
+            raise ValueError(f"{key}: {text!r} is not an integer") from None
+    if tp is float:
+        try:
+            return float(text)
+        except (TypeError, ValueError):
+            raise ValueError(f"{key}: {text!r} is not a number") from None
+    if tp is str:
+        return str(text)
+    if tp is Any:
+        return text
+    raise ValueError(f"{key}: fields of type {tp} cannot be overridden")
+
+
+def _field_names(obj: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(obj) if f.init]
+
+
+def apply_overrides(cfg: Any, assignments: list[str]) -> Any:
+    """Return a copy of the dataclass tree ``cfg`` with ``key=value`` assignments applied.
+
+    Raises:
+        ValueError: malformed assignment, unknown key (lists the accepted keys at that level), a value of
+            the wrong type, or a value the component's validation rejects.
+    """
+    for a in assignments:
+        if "=" not in a:
+            raise ValueError(f"override {a!r} must look like section.field=value")
+        key, value = a.split("=", 1)
+        cfg = set_path(cfg, key.strip(), value)
+    return cfg
+
+
+def set_path(cfg: Any, key: str, value: Any) -> Any:
+    """Return a copy of ``cfg`` with the dotted ``key`` set to ``value`` (coerced and validated)."""
+    parts = key.split(".")
+    return _set(cfg, parts, value, key)
+
+
+def _set(obj: Any, parts: list[str], value: Any, full_key: str) -> Any:
+    if not dataclasses.is_dataclass(obj):
+        raise ValueError(f"{full_key}: cannot descend into a non-config value")
+    name = parts[0]
+    names = _field_names(obj)
+    if name not in names:
+        where = full_key[: full_key.index(name)] if name in full_key else ""
+        raise ValueError(f"unknown config key {full_key!r}: {where or 'top level'} accepts {names}")
+    current = getattr(obj, name)
+    if len(parts) == 1:
+        if dataclasses.is_dataclass(current):
+            raise ValueError(f"{full_key} is a section; set one of its fields: {_field_names(current)}")
+        new_val = _coerce(full_key, value, _hints(type(obj))[name])
+    else:
+        new_val = _set(current, parts[1:], value, full_key)
+    try:
+        return dataclasses.replace(obj, **{name: new_val})
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{full_key}={value!r} rejected: {e}") from None
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain nested dict of a dataclass tree (for YAML: tuples become lists)."""
+    return _plain(dataclasses.asdict(cfg))
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return v
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a nested dict, validating keys and types like ``--set`` does."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = set(data) - set(names)
+    if unknown:
+        raise ValueError(f"unknown config key(s) {sorted(prefix + k for k in unknown)}; "
+                         f"{prefix.rstrip('.') or 'top level'} accepts {names}")
+    kwargs = {}
+    for k, v in data.items():
+        tp = hints[k]
+        if dataclasses.is_dataclass(tp):
+            kwargs[k] = from_dict(tp, v or {}, prefix + k + ".")
+        else:
+            kwargs[k] = _coerce(prefix + k, v, tp)
+    return cls(**kwargs)

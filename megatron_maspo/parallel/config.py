@@ -1,0 +1,38 @@
+"""Parallel layout of the trainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    """Tensor x pipeline x data (x expert) layout; data parallelism is what is left of the world."""
+
+    tp: int = 1
+    """Tensor-parallel size (Megatron ``tensor_model_parallel_size``)."""
+    pp: int = 1
+    """Pipeline-parallel size (``pipeline_model_parallel_size``)."""
+    ep: int = 1
+    """Expert-parallel size for MoE models (``expert_model_parallel_size``)."""
+    vpp: int | None = None
+    """Virtual pipeline chunks per stage (interleaved schedule); None disables it."""
+    distributed_optimizer: bool = False
+    """Shard optimizer state over data-parallel ranks (Megatron DistributedOptimizer, Adam only)."""
+    world_size: int = 1
+    """Processes the job runs on (nodes x GPUs per node); set by the launcher, 1 on the CPU default."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "ep", "world_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
+        if self.vpp is not None and (self.vpp < 2 or self.pp < 2):
+            raise ValueError(f"parallel.vpp={self.vpp} needs vpp >= 2 and pp >= 2 (pp={self.pp})")
+        if self.world_size % (self.tp * self.pp):
+            raise ValueError(f"parallel.world_size={self.world_size} is not divisible by tp*pp="
+                             f"{self.tp * self.pp}")
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size (derived)."""
+        return self.world_size // (self.tp * self.pp)

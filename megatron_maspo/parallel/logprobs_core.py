@@ -1,0 +1,235 @@
+"""Chunk maths shared by the vocab-parallel log-prob paths (logits given, or from hidden states).
+
+Notation (per token): ``z`` raw logits over the full vocabulary ``V``, ``x = z / τ`` the
+temperature-scaled logits, ``lse = log Σ_j exp(x_j)``, ``p = exp(x - lse)``. Outputs are
+
+* ``log p_y = x_y - lse``,
+* ``H = lse - Σ_j p_j x_j`` (exact entropy of the full distribution),
+
+and the gradient of ``L = g_lp · log p_y + g_H · H + g_lse · lse`` w.r.t. ``x_j`` is
+
+    ∂L/∂x_j = g_lp (δ_jy - p_j) - g_H p_j (x_j - E_p[x]) + g_lse p_j,
+
+so backward needs only the per-token scalars ``lse`` and ``E_p[x] = lse - H``: no collective.
+
+One sweep per chunk: each TP rank reduces its chunk ``[C, n_valid]`` to four per-token fp32 scalars
+with a *local* max ``m_l`` (max, ``s_l = Σ e^(x-m_l)``, ``u_l = Σ e^(x-m_l)(x-m_l)``, label logit);
+the ranks are merged afterwards, online-softmax style, with one MAX all-reduce of ``[T]`` and one
+SUM all-reduce of ``[3, T]`` (16 B per token in total). Keeping ``u`` relative to the max makes
+``H = log S - U/S`` a sum of two non-negative terms, so low-entropy tokens with large logits do not
+suffer the cancellation of ``lse - Σ p x``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_ELEMENTS = 1 << 26
+"""Default chunk budget in fp32 elements of one ``[C, V/tp]`` temporary (256 MiB)."""
+
+
+@dataclass(slots=True)
+class SweepCounter:
+    """Counts full-vocabulary sweeps over a chunk (performance target C8).
+
+    A sweep is one read of a ``[C, V/tp]`` chunk that yields all the statistics it has to
+    produce (forward: max, Σexp, Σp·x, label logit; backward: the gradient).
+    """
+
+    enabled: bool = False
+    forward: int = 0
+    backward: int = 0
+
+
+SWEEPS = SweepCounter()
+"""Module-level counter; only touched while ``SWEEPS.enabled`` (see :func:`count_sweeps`)."""
+
+
+@contextmanager
+def count_sweeps() -> Iterator[SweepCounter]:
+    """Reset :data:`SWEEPS`, enable counting inside the block, and yield it."""
+    SWEEPS.forward = SWEEPS.backward = 0
+    SWEEPS.enabled = True
+    try:
+        yield SWEEPS
+    finally:
+        SWEEPS.enabled = False
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Reduction dtype: fp32 for bf16/fp16/fp32 inputs, fp64 for fp64 (used by gradcheck)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def group_rank_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    """(rank, size) of ``group``; ``None`` means a single rank without collectives."""
+    if group is None:
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def resolve_chunk(chunk_size: int | None, num_tokens: int, vocab_local: int) -> int:
+    """Tokens per chunk: ``chunk_size`` or a default fitting :data:`DEFAULT_CHUNK_ELEMENTS`."""
+    if chunk_size is None:
+        chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // max(vocab_local, 1))
+    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    return max(1, min(chunk_size, num_tokens))
+
+
+def check_inputs(labels: torch.Tensor, num_tokens: int, vocab_local: int,
+                 group: dist.ProcessGroup | None, temperature: float, vocab_size: int | None,
+                 ignore_index: int) -> tuple[int, int, int]:
+    """Validate shared arguments; return ``(vocab_size, vocab_start, num_valid_local)``.
+
+    Raises:
+        TypeError: ``labels`` is not an integer tensor.
+        ValueError: bad shapes, temperature, vocab_size, or a label outside ``[0, vocab_size)`` that
+            is not ``ignore_index`` (checked on the host: one device sync per call, which is cheaper
+            than a silently wrong log-prob).
+    """
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise TypeError(f"labels must be an integer tensor, got {labels.dtype}")
+    if labels.dim() != 1 or labels.shape[0] != num_tokens:
+        raise ValueError(f"labels must be [T={num_tokens}], got {tuple(labels.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    rank, tp = group_rank_size(group)
+    padded = vocab_local * tp
+    vocab_size = padded if vocab_size is None else vocab_size
+    if not 0 < vocab_size <= padded:
+        raise ValueError(f"vocab_size must be in (0, {padded}] (local slice {vocab_local} x tp "
+                         f"{tp}), "
+                         f"got {vocab_size}")
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
+    if num_tokens and bool(bad.any()):
+        raise ValueError(f"labels must be in [0, vocab_size={vocab_size}) or ignore_index="
+                         f"{ignore_index}; got e.g. {labels[bad][:4].tolist()}")
+    start = rank * vocab_local
+    return vocab_size, start, max(0, min(vocab_local, vocab_size - start))
+
+
+def local_labels(labels: torch.Tensor, vocab_start: int, num_valid: int,
+                 ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Map global label ids to this rank's slice.
+
+    Returns:
+        ``(idx, keep)``: ``idx`` [T] int64, the local column of the label or -1 when the label lives
+        on another rank or is ignored; ``keep`` [T] bool, False for ``ignore_index`` labels.
+    """
+    keep = labels != ignore_index
+    local = labels.long() - vocab_start
+    mine = keep & (local >= 0) & (local < num_valid)
+    return torch.where(mine, local, -1), keep
+
+
+def chunk_stats(z: torch.Tensor, idx: torch.Tensor, temperature: float
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One sweep over a chunk of local, valid logits.
+
+    Args:
+        z: [C, n] any float dtype, this rank's valid (non-padded) vocabulary columns.
+        idx: [C] int64, local label column or -1 (label elsewhere / ignored).
+        temperature: τ; statistics are of ``x = z / τ``.
+
+    Returns:
+        ``(m, s, u, t)``, each [C] fp32: local max of x, ``Σ e^(x-m)``, ``Σ e^(x-m)(x-m)`` (≤ 0),
+        and ``x_label`` (0 where ``idx`` is -1).
+    """
+    rows = z.shape[0]
+    if z.shape[1] == 0:  # a rank holding only padded rows
+        zero = z.new_zeros(rows, dtype=acc_dtype(z.dtype))
+        return torch.full_like(zero, float("-inf")), zero, zero.clone(), zero.clone()
+    if SWEEPS.enabled:
+        SWEEPS.forward += 1
+    # Upcast per chunk into a private copy: the in-place maths below must never touch the caller's
+    # logits.
+    x = z.to(acc_dtype(z.dtype), copy=True)
+    if temperature != 1.0:
+        x.div_(temperature)
+    has = idx >= 0
+    t = x.gather(1, idx.clamp(min=0).unsqueeze(1)).squeeze(1).masked_fill_(~has, 0.0)
+    m = x.amax(dim=1)
+    x.sub_(m.unsqueeze(1))
+    e = torch.exp(x)
+    s = e.sum(dim=1)
+    u = e.mul_(x).sum(dim=1)
+    return m, s, u, t
+
+
+def combine_stats(m: torch.Tensor, s: torch.Tensor, u: torch.Tensor, t: torch.Tensor,
+                  keep: torch.Tensor, group: dist.ProcessGroup | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Merge per-rank statistics into global log-prob, entropy, lse and E_p[x].
+
+    Two collectives for the whole call (not per chunk): MAX over ``m`` [T] fp32 and one fused SUM
+    over ``[3, T]`` fp32, i.e. 16 bytes per token per rank.
+
+    Args:
+        m, s, u, t: [T] fp32 from :func:`chunk_stats` over all chunks of this rank.
+        keep: [T] bool, False where the label is ``ignore_index``.
+        group: the tensor-parallel group the vocabulary is split over (None: single rank).
+
+    Returns:
+        ``(logprob, entropy, lse, mean_x)``, each [T] fp32; ``logprob`` is 0 where ``keep`` is
+        False, the others stay valid there.
+    """
+    big_m = m.clone()
+    if group is not None:
+        dist.all_reduce(big_m, op=dist.ReduceOp.MAX, group=group)
+    d = m - big_m  # ≤ 0; -inf on a rank without valid columns
+    a = torch.exp(d)
+    buf = torch.stack([a * s, torch.where(s > 0, a * (u + d * s), 0.0), t])
+    if group is not None:
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+    big_s, big_u, x_label = buf.unbind(0)
+    log_s = torch.log(big_s)
+    lse = big_m + log_s
+    mean_rel = big_u / big_s  # E_p[x - M] ≤ 0
+    entropy = log_s - mean_rel
+    logprob = torch.where(keep, x_label - lse, 0.0)
+    return logprob, entropy, lse, big_m + mean_rel
+
+
+def chunk_grad(z: torch.Tensor, idx: torch.Tensor, lse: torch.Tensor, mean_x: torch.Tensor,
+               g_lp: torch.Tensor, g_ent: torch.Tensor, g_lse: torch.Tensor | None,
+               temperature: float) -> torch.Tensor:
+    """Recompute one chunk's softmax and return ∂L/∂z (see the module docstring).
+
+    Args:
+        z: [C, n] this rank's valid logits for the chunk, any float dtype.
+        idx: [C] int64 local label column or -1.
+        lse, mean_x: [C] fp32 global statistics saved by the forward.
+        g_lp: [C] fp32 upstream grad of log-prob, already zeroed for ignored labels.
+        g_ent: [C] fp32 upstream grad of entropy; g_lse: [C] fp32 or None.
+        temperature: τ.
+
+    Returns:
+        [C, n] gradient w.r.t. ``z`` in the reduction dtype (fp32; fp64 for fp64 ``z``), the 1/τ
+        chain factor included.
+    """
+    if SWEEPS.enabled:
+        SWEEPS.backward += 1
+    x = z.to(acc_dtype(z.dtype), copy=True)
+    if temperature != 1.0:
+        x.div_(temperature)
+    p = torch.sub(x, lse.unsqueeze(1)).exp_()  # in place: two chunk temporaries, not three
+    # coefficient c_j = g_H (x_j - E[x]) + g_lp - g_lse; grad = -p_j c_j + g_lp δ_jy
+    x.sub_(mean_x.unsqueeze(1)).mul_(g_ent.unsqueeze(1)).add_(g_lp.unsqueeze(1))
+    if g_lse is not None:
+        x.sub_(g_lse.unsqueeze(1))
+    grad = x.mul_(p).neg_()
+    # Rows whose label is elsewhere add 0 at column 0: no host sync, no data-dependent shapes.
+    add = torch.where(idx >= 0, g_lp, 0.0).unsqueeze(1)
+    grad.scatter_add_(1, idx.clamp(min=0).unsqueeze(1), add)
+    if temperature != 1.0:
+        grad.div_(temperature)
+    return grad

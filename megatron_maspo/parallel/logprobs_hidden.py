@@ -1,0 +1,143 @@
+"""Fused LM head + vocab-parallel log-prob/entropy: from hidden states, never holding the logits.
+
+The actor gathers hidden states at response positions only and calls
+:func:`vocab_parallel_logprobs_from_hidden` with this rank's slice of the output-layer weight, so
+prompt tokens are never projected onto the vocabulary and no ``[T, V/tp]`` tensor exists beyond
+one chunk.
+
+Per token chunk ``c`` (``C`` rows): forward computes ``z_c = h_c W^T`` ([C, V/tp], in the input
+dtype, exactly what Megatron's output layer would produce), reduces it in one sweep to four fp32
+scalars per token and drops it; the ranks are merged with the same two collectives (16 B/token) as
+the logits path. Backward recomputes ``z_c`` (the 8·N·H·V/tp FLOP recompute design, performance.md
+§2.1), forms ``dz_c`` and accumulates
+
+* ``dW += dz_c^T h_c`` into an fp32 ``[V/tp, H]`` buffer (bf16 weights would lose bits summed
+  chunk by chunk in bf16), and
+* ``dh_c = dz_c W`` — a **partial** sum over this rank's vocabulary slice.
+
+The true ``∂L/∂h`` sums over the whole vocabulary, so backward ends with one SUM all-reduce of
+``dh`` [T, H] over the group: the only collective the maths requires, and the one Megatron's
+``copy_to_tensor_model_parallel_region`` would perform in front of its output layer. Callers must
+therefore pass the replicated (not sequence-parallel-scattered) hidden states and must not wrap
+them in ``copy_to_tensor_model_parallel_region`` themselves, or the reduction happens twice.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from megatron_maspo.parallel.logprobs_core import (
+    acc_dtype,
+    check_inputs,
+    chunk_grad,
+    chunk_stats,
+    combine_stats,
+    local_labels,
+    resolve_chunk,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class _VocabParallelLogprobsFromHidden(torch.autograd.Function):
+    """Autograd function over ``(hidden [T, H], weight [V/tp, H])``; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                group: dist.ProcessGroup | None, temperature: float, chunk: int, vocab_start: int,
+                num_valid: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        num_tokens = hidden.shape[0]
+        idx, keep = local_labels(labels, vocab_start, num_valid, ignore_index)
+        w = weight[:num_valid]  # padded rows are never multiplied
+        stats = [hidden.new_empty(num_tokens, dtype=acc_dtype(hidden.dtype)) for _ in range(4)]
+        for c0 in range(0, num_tokens, chunk):
+            c1 = min(c0 + chunk, num_tokens)
+            z = hidden[c0:c1] @ w.t()
+            for dst, src in zip(stats, chunk_stats(z, idx[c0:c1], temperature)):
+                dst[c0:c1] = src
+            del z
+        logprob, entropy, _, mean_x = combine_stats(*stats, keep, group)
+        lse = mean_x + entropy  # E_p[x] + H; recomputed rather than saved twice
+        ctx.save_for_backward(hidden, weight, idx, keep, lse, mean_x)
+        ctx.cfg = (group, temperature, chunk, num_valid)
+        return logprob, entropy
+
+    @staticmethod
+    def backward(ctx, g_lp: torch.Tensor, g_ent: torch.Tensor):
+        hidden, weight, idx, keep, lse, mean_x = ctx.saved_tensors
+        group, temperature, chunk, num_valid = ctx.cfg
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        g_lp = torch.where(keep, g_lp.to(lse.dtype), 0.0)
+        g_ent = g_ent.to(lse.dtype)
+        w = weight[:num_valid]
+        num_tokens = hidden.shape[0]
+        d_hidden = torch.zeros_like(hidden) if need_h else None
+        d_w32 = w.new_zeros(w.shape, dtype=lse.dtype) if need_w else None
+        for c0 in range(0, num_tokens if num_valid else 0, chunk):
+            sl = slice(c0, min(c0 + chunk, num_tokens))
+            h = hidden[sl]
+            dz = chunk_grad(h @ w.t(), idx[sl], lse[sl], mean_x[sl], g_lp[sl], g_ent[sl], None,
+                            temperature).to(hidden.dtype)
+            if need_h:
+                torch.mm(dz, w, out=d_hidden[sl])
+            if need_w:
+                if dz.dtype == d_w32.dtype:
+                    d_w32.addmm_(dz.t(), h)
+                else:
+                    d_w32.add_(dz.t() @ h)
+        if need_h and group is not None:
+            dist.all_reduce(d_hidden, op=dist.ReduceOp.SUM, group=group)
+        d_weight = None
+        if need_w:
+            d_weight = torch.zeros_like(weight)
+            d_weight[:num_valid] = d_w32
+        return d_hidden, d_weight, None, None, None, None, None, None, None
+
+
+def vocab_parallel_logprobs_from_hidden(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    vocab_size: int | None = None,
+    ignore_index: int = -100,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob and exact entropy of ``softmax(hidden @ weight_full^T / τ)`` without the logits.
+
+    Args:
+        hidden: [T, H] fp32 or bf16, replicated over ``group`` (response positions only).
+        weight: [V/tp, H] same dtype, this rank's contiguous slice of the output-layer weight
+            (padded rows included).
+        labels: [T] integer global vocabulary ids, identical on every rank.
+        group: tensor-parallel group the vocabulary is split over; None = single rank.
+        temperature: τ > 0.
+        chunk_size: tokens per chunk; None picks ``2**26 // (V/tp)``.
+        vocab_size: true vocabulary size (rows ``>= vocab_size`` are padding); None = no padding.
+        ignore_index: labels equal to it give log-prob 0 (entropy stays valid).
+
+    Returns:
+        ``(logprobs, entropy)``, each [T] fp32 (fp64 for fp64 inputs), replicated over
+        ``group``; differentiable w.r.t. ``hidden`` (gradient all-reduced over ``group`` in
+        backward) and ``weight`` (local slice; padded rows get 0).
+
+    Raises:
+        TypeError, ValueError: mismatched shapes/dtypes or bad labels, temperature, vocab_size.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden must be [T, H] and weight [V/tp, H]; got {tuple(hidden.shape)} "
+                         f"and {tuple(weight.shape)}")
+    if not hidden.dtype.is_floating_point or hidden.dtype != weight.dtype:
+        raise TypeError(f"hidden and weight must share one float dtype, got {hidden.dtype} and "
+                        f"{weight.dtype}")
+    num_tokens, vocab_local = hidden.shape[0], weight.shape[0]
+    _, start, num_valid = check_inputs(labels, num_tokens, vocab_local, group, temperature,
+                                       vocab_size, ignore_index)
+    chunk = resolve_chunk(chunk_size, num_tokens, vocab_local)
+    return _VocabParallelLogprobsFromHidden.apply(hidden, weight, labels, group, float(temperature),
+                                                  chunk, start, num_valid, ignore_index)

@@ -1,0 +1,112 @@
+"""The MASPO math reward: +1 if the final answer is equivalent to the ground truth, else -1 (C.2).
+
+Usage::
+
+    with MathReward(RewardConfig(num_workers=4)) as reward_fn:
+        out = reward_fn(responses_B, ground_truths_B)   # out.rewards_B, out.statuses, out.metrics
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+
+from megatron_maspo.reward.base import GradeStatus, RewardOutput
+from megatron_maspo.reward.config import RewardConfig
+from megatron_maspo.reward.pool import GraderPool
+
+logger = logging.getLogger(__name__)
+
+_GRADER_MODULE = "megatron_maspo.reward.math_verify"
+
+
+def _grade(response: str, gold: str, policy: str, max_chars: int, timeout_s: float) -> GradeStatus:
+    # Module-level trampoline: the pool pickles it by name, and the math_verify import happens only
+    # in the workers (the fork server preloads it), never in the trainer process.
+    from megatron_maspo.reward.math_verify import grade_math
+
+    return grade_math(response, gold, policy, max_chars, timeout_s)
+
+
+class MathReward:
+    """Math-Verify reward over a persistent :class:`GraderPool` (implements ``RewardFn``).
+
+    Args:
+        config: rewards, timeouts, worker count, caps and extraction policy.
+        grade_fn: module-level grader with ``_grade``'s signature; tests inject crashing variants.
+    """
+
+    def __init__(self, config: RewardConfig, *, grade_fn=_grade) -> None:
+        self.config = config
+        self.totals: Counter[str] = Counter()
+        """Lifetime ``GradeStatus`` counts across calls."""
+        self._pool = GraderPool(
+            grade_fn,
+            num_workers=config.num_workers,
+            timeout_s=config.timeout_s,
+            start_method=config.start_method,
+            warmup=(r"\boxed{\frac{1}{2}}", "0.5", config.fallback, config.max_chars, 5.0),
+            preload=(_GRADER_MODULE,),
+            max_worker_rss_mb=config.max_worker_rss_mb,
+            max_tasks_per_worker=config.max_tasks_per_worker,
+            address_space_mb=config.max_worker_address_space_mb,
+        )
+
+    def __call__(self, responses: list[str], ground_truths: list[str]) -> RewardOutput:
+        """Grade ``responses[i]`` against ``ground_truths[i]`` (both ``[B]``); see ``RewardOutput``.
+
+        Raises:
+            ValueError: the two lists differ in length.
+            TypeError: an element is not a ``str``.
+        """
+        if len(responses) != len(ground_truths):
+            raise ValueError(
+                f"responses ({len(responses)}) and ground_truths ({len(ground_truths)}) differ in length"
+            )
+        for name, seq in (("responses", responses), ("ground_truths", ground_truths)):
+            bad = next((i for i, x in enumerate(seq) if not isinstance(x, str)), None)
+            if bad is not None:
+                raise TypeError(f"{name}[{bad}] must be str, got {type(seq[bad]).__name__}")
+        cfg = self.config
+        t0 = time.perf_counter()
+        statuses = self._pool.map(
+            [
+                (r, g, cfg.fallback, cfg.max_chars, cfg.timeout_s)
+                for r, g in zip(responses, ground_truths)
+            ]
+        )
+        rewards = [
+            cfg.correct_reward if s is GradeStatus.CORRECT else cfg.incorrect_reward
+            for s in statuses
+        ]
+        counts = Counter(statuses)
+        self.totals.update(s.value for s in statuses)
+        metrics = {f"reward/{s.value}_count": float(counts.get(s, 0)) for s in GradeStatus}
+        metrics["reward/mean"] = sum(rewards) / len(rewards) if rewards else 0.0
+        metrics["reward/seconds"] = time.perf_counter() - t0
+        failed = counts[GradeStatus.TIMEOUT] + counts[GradeStatus.CRASH] + counts[GradeStatus.ERROR]
+        if failed:
+            logger.warning(
+                "reward: %d/%d items timed out, crashed or errored", failed, len(statuses)
+            )
+        return RewardOutput(rewards=rewards, statuses=statuses, metrics=metrics)
+
+    def worker_pids(self) -> list[int]:
+        """PIDs of the grading workers (for memory checks)."""
+        return self._pool.worker_pids()
+
+    @property
+    def pool_events(self) -> Counter[str]:
+        """Lifetime pool events: ``started``, ``timeout``, ``crash``, ``recycled``."""
+        return self._pool.events
+
+    def close(self) -> None:
+        """Stop the workers."""
+        self._pool.close()
+
+    def __enter__(self) -> MathReward:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

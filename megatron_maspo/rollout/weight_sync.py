@@ -1,0 +1,116 @@
+"""Weight sync: Megatron shards -> full HF-named tensors -> flat buckets -> the rollout engine.
+
+Every rank of the trainer calls :func:`sync_weights`; all of them iterate
+:func:`~megatron_maspo.conversion.megatron_to_hf.export_hf_weights` in lockstep (it does the TP all-gather,
+EP gather and PP broadcast, slices vocab padding and yields the tied embedding once). Only the sender
+(global rank 0 by default) packs the stream into buckets and hands them to the engine; the engine consumes
+the bucket generator lazily, so at most one bucket plus one mapping's tensors are alive at a time, and the
+export plan and bucket layout are rebuilt on every call (no stale plans, ws doc §6).
+
+Engines that implement ``load_buckets(buckets, verify=...)`` (built-in, vLLM) receive the packed buckets and
+verify the per-bucket crc32 on their side; any other :class:`~.types.Engine` gets ``load_weights`` of
+unpacked views.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from megatron_maspo.conversion.megatron_to_hf import export_hf_weights
+from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.parallel.groups import ParallelGroups
+from megatron_maspo.rollout.buckets import Bucket, pack_buckets, unpack_bucket
+from megatron_maspo.rollout.types import Engine
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SyncStats:
+    """What one sync moved (filled on the sender; zeros elsewhere)."""
+
+    num_tensors: int = 0
+    num_buckets: int = 0
+    num_bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.num_bytes / max(self.seconds, 1e-9) / 1e9
+
+
+def bucket_bytes_from_mb(bucket_mb: float) -> int:
+    """``RolloutConfig.bucket_mb`` (MiB) -> bytes."""
+    if bucket_mb <= 0:
+        raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
+    return int(bucket_mb * 2**20)
+
+
+def is_sender(sender_rank: int = 0) -> bool:
+    """True on the one rank that talks to the engine (global rank ``sender_rank``; True without a world)."""
+    return not dist.is_initialized() or dist.get_rank() == sender_rank
+
+
+def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: ParallelGroups, engine: Engine | None,
+                 *, bucket_bytes: int, dtype: torch.dtype | None = None, verify_checksums: bool = True,
+                 sender_rank: int = 0) -> SyncStats:
+    """Push the current Megatron weights into ``engine``; collective over all model ranks.
+
+    Args:
+        chunks: this rank's ``GPTModel`` chunks.
+        spec: the architecture the chunks were built from.
+        groups: this rank's parallel groups.
+        engine: the rollout engine on the sender rank; ignored (may be None) on the others.
+        bucket_bytes: bucket capacity; must hold the largest single tensor (else ``ValueError`` naming it).
+        dtype: rollout dtype; tensors are cast on their owning stage before any broadcast.
+        verify_checksums: compute crc32 per bucket here and verify it on the engine side.
+        sender_rank: global rank that owns the engine.
+
+    Returns:
+        Counts and wall time on the sender; zeros on the other ranks.
+
+    Raises:
+        ValueError: from packing (tensor larger than a bucket, repeated name) or from the engine (corrupt
+            bucket, missing or unexpected names). A failure on the sender leaves the other ranks blocked in
+            the export's collectives; callers abort the job (it is not recoverable mid-sync anyway).
+    """
+    stats = SyncStats()
+    stream = export_hf_weights(chunks, spec, groups, dtype=dtype)
+    if not is_sender(sender_rank):
+        for _ in stream:  # lockstep: our collectives feed the sender's gathers and broadcasts
+            pass
+        return stats
+    if engine is None:
+        raise ValueError(f"sync_weights: engine is None on the sender rank {sender_rank}")
+    start = time.perf_counter()
+    buckets = _counted(pack_buckets(stream, bucket_bytes, with_checksum=verify_checksums), stats)
+    load_buckets = getattr(engine, "load_buckets", None)
+    try:
+        if load_buckets is not None:
+            load_buckets(buckets, verify=verify_checksums)
+        else:
+            engine.load_weights(item for b in buckets for item in unpack_bucket(b, verify=verify_checksums))
+    except Exception:
+        # Finish our side of the export's collectives so the other ranks return instead of hanging,
+        # then surface the error on the sender.
+        for _ in stream:
+            pass
+        raise
+    stats.seconds = time.perf_counter() - start
+    logger.info("weight sync: %d tensors in %d buckets, %.1f MB in %.3f s (%.2f GB/s)", stats.num_tensors,
+                stats.num_buckets, stats.num_bytes / 1e6, stats.seconds, stats.gb_per_s)
+    return stats
+
+
+def _counted(buckets: Iterator[Bucket], stats: SyncStats) -> Iterator[Bucket]:
+    for b in buckets:
+        stats.num_buckets += 1
+        stats.num_tensors += len(b.metas)
+        stats.num_bytes += b.buffer.numel()
+        yield b

@@ -1,0 +1,1 @@
+"""Training: the Megatron actor step, checkpointing and the RL loop."""

@@ -1,0 +1,148 @@
+"""Atomic Megatron distributed checkpoints of the actor: model, optimizer, LR schedule, RNG, data.
+
+Layout of ``<root>/step_<N>/`` (written as ``<root>/.tmp_step_<N>`` then renamed by rank 0, so a
+directory named ``step_*`` is always complete):
+
+* Megatron ``torch_dist`` shards of ``{"model": ..., "optimizer": ...}`` (resharded on load: a
+  checkpoint written at one TP/PP loads at another), plus the common (rank-0) items ``scheduler``,
+  ``data_state`` (the trainer's opaque dict) and ``steps_done``;
+* ``rng/rank<r>.pt``: CPU/CUDA and Megatron tracker RNG states, restored only when the world size
+  is unchanged (otherwise there is no meaningful mapping; logged).
+
+``keep_last`` older complete checkpoints are removed by rank 0 after the new one is in place.
+Distributed-optimizer state uses ``fully_reshardable`` sharding (megatron-on-cpu.md §4.6).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
+
+logger = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
+def _sharded_state(actor: Any, *, is_loading: bool, with_optimizer: bool) -> dict:
+    chunks = actor.named_modules_unwrapped()
+    if len(chunks) == 1:
+        model_sd = {"model": chunks[0].sharded_state_dict()}
+    else:
+        model_sd = {f"model{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
+    state: dict = dict(model_sd)
+    if with_optimizer:
+        with spoof_tensor_type():
+            state["optimizer"] = actor.optimizer.sharded_state_dict(
+                model_sd, is_loading=is_loading, metadata=_OPT_METADATA)
+    return state
+
+
+def _rng_state() -> dict:
+    from megatron.core import tensor_parallel
+
+    return {"cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+
+
+def _set_rng_state(st: dict) -> None:
+    from megatron.core import tensor_parallel
+
+    torch.set_rng_state(st["cpu"])
+    if st["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(st["cuda"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(st["tracker"])
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict | None = None,
+                    keep_last: int = 2) -> Path:
+    """Collectively save the actor's training state as ``<root>/step_<step>``; returns the path."""
+    from megatron.core import dist_checkpointing
+
+    root = Path(root)
+    tmp, final = root / f".tmp_step_{step}", root / f"step_{step}"
+    if dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "rng").mkdir(parents=True)
+    dist.barrier()
+    state = _sharded_state(actor, is_loading=False, with_optimizer=True)
+    state.update(scheduler=actor.scheduler.state_dict(), data_state=dict(data_state or {}),
+                 steps_done=actor.steps_done, world_size=dist.get_world_size())
+    dist_checkpointing.save(state, str(tmp))
+    torch.save(_rng_state(), tmp / "rng" / f"rank{dist.get_rank()}.pt")
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in list_checkpoints(root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    logger.info("saved checkpoint %s", final)
+    return final
+
+
+def _fix_dist_optimizer_after_load(optimizer: Any) -> None:
+    """Give each Adam state its own ``step`` tensor (Megatron's no-TE load shares one object)."""
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
+        for st in inner.state.values():
+            if "step" in st and torch.is_tensor(st["step"]):
+                st["step"] = st["step"].clone()
+
+
+def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True) -> dict:
+    """Collectively load a checkpoint written by :func:`save_checkpoint` (any TP/PP layout).
+
+    Returns:
+        the trainer's ``data_state`` dict.
+    """
+    from megatron.core import dist_checkpointing
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint directory not found: {path}")
+    if load_optimizer:
+        for opt in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer]):
+            init = getattr(opt, "_init_optimizer_states_with_dummy_values", None)
+            if init is not None:  # torch Adam creates state lazily: give the loader targets
+                with spoof_tensor_type():
+                    init()
+    state = _sharded_state(actor, is_loading=True, with_optimizer=load_optimizer)
+    loaded = dist_checkpointing.load(state, str(path))
+    chunks = actor.named_modules_unwrapped()
+    for i, c in enumerate(chunks):
+        c.load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"])
+    if load_optimizer:
+        with spoof_tensor_type():
+            actor.optimizer.load_state_dict(loaded["optimizer"])
+        _fix_dist_optimizer_after_load(actor.optimizer)
+        actor.scheduler.load_state_dict(loaded["scheduler"])
+    actor.steps_done = int(loaded["steps_done"])
+    rng = path / "rng" / f"rank{dist.get_rank()}.pt"
+    if int(loaded["world_size"]) == dist.get_world_size() and rng.exists():
+        _set_rng_state(torch.load(rng, weights_only=False))
+    else:
+        logger.info("checkpoint world size %s != %s: RNG state not restored", loaded["world_size"],
+                    dist.get_world_size())
+    return dict(loaded["data_state"])

@@ -1,0 +1,33 @@
+"""Turn engine completions into graded prompt groups (decode, grade in the reward pool)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from megatron_maspo.reward.base import GradeStatus
+from megatron_maspo.rollout.types import Completion
+from megatron_maspo.train.rollout_batch import PromptGroup
+
+
+def grade_groups(reward_fn: Any, tokenizer: Any, idx: list[int], prompts: list[list[int]],
+                 answers: list[str], comps_P_G: list[list[Completion]]) -> list[PromptGroup]:
+    """Decode every completion, grade all of them in one pool call, regroup per prompt.
+
+    Args:
+        reward_fn: a ``RewardFn`` (``MathReward``): ``(responses, ground_truths) -> RewardOutput``.
+        tokenizer: decodes token ids (special tokens skipped).
+        idx: dataset index of each prompt ``[P]``.
+        prompts, answers: ``[P]`` prompt ids and ground-truth answers.
+        comps_P_G: ``[P][G]`` completions from the engine.
+    """
+    texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for cs in comps_P_G for c in cs]
+    golds = [answers[p] for p, cs in enumerate(comps_P_G) for _ in cs]
+    out = reward_fn(texts, golds)
+    groups, k = [], 0
+    for p, cs in enumerate(comps_P_G):
+        n = len(cs)
+        groups.append(PromptGroup(prompt_index=idx[p], prompt_ids=prompts[p], answer=answers[p],
+                                  completions_G=cs, rewards_G=list(out.rewards[k:k + n]),
+                                  correct_G=[s is GradeStatus.CORRECT for s in out.statuses[k:k + n]]))
+        k += n
+    return groups

@@ -1,0 +1,102 @@
+"""Megatron DDP wrapping, optimizer (AdamW + clipping) and LR schedule for the actor.
+
+Gradient scaling follows algorithms.md §2.2: with ``calculate_per_token_loss=True`` DDP sums
+gradients (scaling factor 1, ``average_in_collective=False``) and ``finalize_model_grads`` divides
+them by the token count all-reduced over DP, which the loss function returns as its second output.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
+from megatron_maspo.train.config import OptimConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class OptimizerBundle:
+    """DDP-wrapped model chunks with their optimizer and LR scheduler."""
+
+    chunks: list
+    """``DistributedDataParallel`` per virtual-pipeline chunk (``.module`` is the GPTModel)."""
+    optimizer: Any
+    """Megatron ``MegatronOptimizer`` (a ChainedOptimizer for dense + expert params)."""
+    scheduler: Any
+    """Megatron ``OptimizerParamScheduler`` (one ``step`` per successful optimizer step)."""
+
+
+def wrap_ddp(chunks: list, *, distributed_optimizer: bool) -> list:
+    """Wrap GPTModel chunks in Megatron DDP with fp32 grad buffers and summed (not averaged) grads.
+
+    Also wires the schedule hooks on the shared ``TransformerConfig``: ``no_sync_func`` (no grad
+    sync per micro-batch) and ``finalize_model_grads_func`` (DP all-reduce, tied-embedding sum and
+    the 1/N_glob scaling, once per optimizer step).
+    """
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+
+    ddp_cfg = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+        use_distributed_optimizer=distributed_optimizer, average_in_collective=False)
+    wrapped = [DistributedDataParallel(config=c.config, ddp_config=ddp_cfg, module=c,
+                                       disable_bucketing=i > 0) for i, c in enumerate(chunks)]
+    cfg = wrapped[0].config
+    cfg.no_sync_func = [w.no_sync for w in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync
+    cfg.finalize_model_grads_func = finalize_model_grads
+    return wrapped
+
+
+def build_optimizer(chunks: list, optim: OptimConfig, *, total_steps: int, bf16: bool,
+                    distributed_optimizer: bool) -> OptimizerBundle:
+    """DDP-wrap ``chunks`` and build Megatron's AdamW optimizer and LR scheduler.
+
+    Args:
+        chunks: unwrapped ``GPTModel`` chunks of this rank (weights already initialised).
+        optim: learning rate, betas, weight decay, clipping, warmup and decay style.
+        total_steps: optimizer steps of the whole run (decay horizon).
+        bf16: bf16 parameters with fp32 master weights (GPU); fp32 otherwise.
+        distributed_optimizer: shard optimizer state over DP (Megatron DistributedOptimizer).
+    """
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    wrapped = wrap_ddp(chunks, distributed_optimizer=distributed_optimizer)
+    ocfg = OptimizerConfig(
+        optimizer="adam", lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
+        adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
+        clip_grad=optim.clip_grad, bf16=bf16,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        use_distributed_optimizer=distributed_optimizer)
+    with spoof_tensor_type():  # CPU: Megatron asserts 'torch.cuda.*' type strings
+        optimizer = get_megatron_optimizer(ocfg, wrapped)
+    wrapped[0].config.grad_scale_func = optimizer.scale_loss
+    steps = max(total_steps, optim.warmup_steps + 1)
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0 if optim.warmup_steps else optim.lr, max_lr=optim.lr,
+        min_lr=optim.min_lr, lr_warmup_steps=optim.warmup_steps, lr_decay_steps=steps,
+        lr_decay_style=optim.lr_decay_style, start_wd=optim.weight_decay,
+        end_wd=optim.weight_decay, wd_incr_steps=steps, wd_incr_style="constant")
+    return OptimizerBundle(chunks=wrapped, optimizer=optimizer, scheduler=scheduler)
+
+
+def grads_finite(wrapped: list) -> bool:
+    """True if every local gradient-buffer element is finite (no collective).
+
+    Checked over whole DDP buffers (one fused reduction per buffer): with the distributed optimizer
+    a NaN anywhere reaches some rank's shard after reduce-scatter, so the all-ranks AND the actor
+    takes afterwards is exact.
+    """
+    for w in wrapped:
+        for buf in w.buffers + w.expert_parallel_buffers:
+            if not bool(torch.isfinite(buf.grad_data).all()):
+                return False
+    return True

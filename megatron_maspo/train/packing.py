@@ -1,0 +1,262 @@
+"""Pack (prompt, response) sequences into padding-free micro-batches under a token budget.
+
+Pure and deterministic (no torch.distributed): every rank holds the same global list of samples,
+computes the same plan, and builds tensors only for its own data-parallel shard. That makes the
+old-log-prob recompute and the training forward see **identical** micro-batches (so ``ρ = 1``
+exactly on the first mini-batch, algorithms.md §0.3) and makes the global token count ``N_glob`` a
+local computation.
+
+Layout of one micro-batch: the sequences ``prompt_i ++ response_i`` are concatenated in one row of
+``S = Σ_i (P_i + L_i)`` tokens, positions restart at 0 for every sequence, and attention is
+block-diagonal causal (:func:`block_causal_mask`). The log-prob of response token ``j`` of sequence
+``i`` is read from the hidden state one position earlier (``resp_index``), so prompt positions are
+never projected onto the vocabulary.
+
+Steps: :func:`trim_lengths` (truncate over-long responses, drop empty ones, count both) →
+:func:`split_mini_batches` (by prompt) → :func:`shard_for_dp` (balance tokens) →
+:func:`assign_micro_batches` (same micro-batch count on every DP rank) → :func:`build_micro_batch`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from megatron_maspo.train.samples import Sample
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PackStats:
+    """What packing had to change; reported as ``actor/*`` metrics."""
+
+    truncated: int = 0
+    """Responses cut so that prompt + response fits the micro-batch budget."""
+    truncated_tokens: int = 0
+    """Response tokens dropped by truncation."""
+    empty: int = 0
+    """Responses with no token to train on (empty, or a prompt that fills the budget); skipped."""
+
+
+@dataclass
+class PackedMicroBatch:
+    """One padding-free micro-batch row (single DP rank).
+
+    Attributes:
+        tokens: [S] int64 concatenated prompt+response ids.
+        position_ids: [S] int64, restarting at 0 for each sequence.
+        seq_lens: length of each packed sequence (their sum is S).
+        sample_index: global sample index of each packed sequence.
+        resp_index: [T] int64 row positions whose hidden state predicts a response token.
+        labels: [T] int64 the response token predicted there.
+        seq_ids: [T] int64 global sample index of each response token.
+        loss_mask: [T] fp32, 1 for trained tokens (0 only in a filler micro-batch).
+    """
+
+    tokens: torch.Tensor
+    position_ids: torch.Tensor
+    seq_lens: list[int]
+    sample_index: list[int]
+    resp_index: torch.Tensor
+    labels: torch.Tensor
+    seq_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    resp_lens: list[int] = field(default_factory=list)
+    """Trained response tokens of each packed sequence (same order as ``sample_index``)."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Valid (trained) response tokens in this micro-batch."""
+        return int(sum(self.resp_lens))
+
+
+def trim_lengths(samples: Sequence[Sample], max_seq_len: int) -> tuple[list[int], PackStats]:
+    """Trained response length of every sample (0 = skipped), after fitting ``max_seq_len``.
+
+    A response is cut (from the end) so that ``P + L' <= max_seq_len``; the dropped tail takes no
+    part in the loss. The prompt is never cut here (the data pipeline truncates prompts).
+    """
+    if max_seq_len < 2:
+        raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
+    stats = PackStats()
+    out = []
+    for s in samples:
+        room = max(0, max_seq_len - len(s.prompt_ids))
+        n = min(len(s.response_ids), room)
+        if n < len(s.response_ids):
+            stats.truncated += 1
+            stats.truncated_tokens += len(s.response_ids) - n
+        if n == 0:
+            stats.empty += 1
+        out.append(n)
+    if stats.truncated or stats.empty:
+        logger.info("packing: %d responses truncated (%d tokens), %d empty/skipped",
+                    stats.truncated, stats.truncated_tokens, stats.empty)
+    return out, stats
+
+
+def split_mini_batches(samples: Sequence[Sample], n: int) -> list[list[int]]:
+    """Split sample indices into ``n`` mini-batches of (nearly) equal numbers of prompts.
+
+    Prompts keep their order of first appearance; all responses of a prompt land in the same
+    mini-batch (group-level statistics such as QUATRO's per-prompt duals stay within one step).
+    """
+    if n < 1:
+        raise ValueError(f"number of mini-batches must be >= 1, got {n}")
+    order: dict[int, list[int]] = {}
+    for i, s in enumerate(samples):
+        order.setdefault(s.prompt_index, []).append(i)
+    groups = list(order.values())
+    if len(groups) < n:
+        raise ValueError(f"{len(groups)} prompts cannot fill train.mini_batches_per_step={n}")
+    bounds = [round(k * len(groups) / n) for k in range(n + 1)]
+    return [[i for g in groups[bounds[k]:bounds[k + 1]] for i in g] for k in range(n)]
+
+
+def shard_for_dp(indices: Sequence[int], lengths: Sequence[int], dp: int) -> list[list[int]]:
+    """Assign sequences to ``dp`` ranks, longest first to the least-loaded rank (LPT).
+
+    Args:
+        indices: global sample indices of the mini-batch (only ones with a trained response).
+        lengths: packed length ``P + L'`` of each index (same order).
+        dp: data-parallel size.
+
+    Returns:
+        ``dp`` lists of indices, each in ascending order.
+    """
+    load = [0] * dp
+    shards: list[list[int]] = [[] for _ in range(dp)]
+    for i, n in sorted(zip(indices, lengths), key=lambda x: (-x[1], x[0])):
+        r = min(range(dp), key=lambda k: (load[k], k))
+        shards[r].append(i)
+        load[r] += n
+    return [sorted(s) for s in shards]
+
+
+def _lpt_bins(items: list[tuple[int, int]], m: int, budget: int) -> list[list[int]] | None:
+    """Longest-first into the least-loaded of ``m`` bins with room; None if one does not fit."""
+    load = [0] * m
+    bins: list[list[int]] = [[] for _ in range(m)]
+    for i, n in sorted(items, key=lambda x: (-x[1], x[0])):
+        fits = [k for k in range(m) if load[k] + n <= budget]
+        if not fits:
+            return None
+        k = min(fits, key=lambda k: (load[k], k))
+        bins[k].append(i)
+        load[k] += n
+    return [sorted(b) for b in bins]
+
+
+def assign_micro_batches(shards: list[list[tuple[int, int]]], budget: int) -> list[list[list[int]]]:
+    """Pack every DP shard into the same number ``M`` of micro-batches of at most ``budget`` tokens.
+
+    Pipeline schedules need no equal count, but DP-collective losses (BAPO, QUATRO) and an even
+    pipeline do; ``M`` starts at ``max ⌈tokens/budget⌉`` and grows until longest-first packing fits
+    every shard. Balanced loads also keep pipeline bubbles small. A shard with fewer sequences
+    than ``M`` gets empty bins (the actor fills them with a masked one-token row).
+
+    Args:
+        shards: per DP rank, ``(sample_index, packed_length)`` pairs; each length <= ``budget``.
+        budget: max tokens per micro-batch row.
+
+    Returns:
+        ``[dp][M]`` lists of sample indices.
+    """
+    for shard in shards:
+        for i, n in shard:
+            if n > budget:
+                raise ValueError(f"sample {i}: packed length {n} > max_tokens_per_micro_batch {budget}")
+    m = max([1] + [math.ceil(sum(n for _, n in s) / budget) for s in shards])
+    while True:
+        out = [_lpt_bins(s, m, budget) for s in shards]
+        if all(b is not None for b in out):
+            return out  # type: ignore[return-value]
+        m += 1
+
+
+def build_micro_batch(samples: Sequence[Sample], index: Sequence[int],
+                      resp_lens: Sequence[int]) -> PackedMicroBatch:
+    """Concatenate ``samples[i]`` for ``i in index`` into one row (trained responses only).
+
+    An empty ``index`` gives a filler row: one token, one masked response position, so every DP
+    rank runs the same number of micro-batches.
+    """
+    if not index:
+        z = torch.zeros(1, dtype=torch.long)
+        return PackedMicroBatch(tokens=z, position_ids=z.clone(), seq_lens=[1], sample_index=[],
+                                resp_index=z.clone(), labels=z.clone(), seq_ids=z.clone(),
+                                loss_mask=torch.zeros(1), resp_lens=[])
+    toks: list[int] = []
+    pos: list[int] = []
+    ridx: list[int] = []
+    labels: list[int] = []
+    sids: list[int] = []
+    seq_lens = []
+    rl = []
+    for i in index:
+        s = samples[i]
+        n = resp_lens[i]
+        p = len(s.prompt_ids)
+        start = len(toks)
+        toks += s.prompt_ids + s.response_ids[:n]
+        pos += range(p + n)
+        # hidden at position t predicts token t + 1: response token j sits at p + j
+        ridx += range(start + p - 1, start + p - 1 + n)
+        labels += s.response_ids[:n]
+        sids += [i] * n
+        seq_lens.append(p + n)
+        rl.append(n)
+    t = len(labels)
+    return PackedMicroBatch(
+        tokens=torch.tensor(toks, dtype=torch.long), position_ids=torch.tensor(pos, dtype=torch.long),
+        seq_lens=seq_lens, sample_index=list(index), resp_index=torch.tensor(ridx, dtype=torch.long),
+        labels=torch.tensor(labels, dtype=torch.long), seq_ids=torch.tensor(sids, dtype=torch.long),
+        loss_mask=torch.ones(t), resp_lens=rl)
+
+
+def block_causal_mask(seq_lens: Sequence[int], device: torch.device | None = None) -> torch.Tensor:
+    """Megatron attention mask for a packed row: ``[1, 1, S, S]`` bool, True = **masked out**.
+
+    Token ``q`` attends to ``k`` iff both lie in the same sequence and ``k <= q``. O(S²) memory:
+    the local (non-TE) attention needs it; the TE path uses ``PackedSeqParams`` (cu_seqlens)
+    instead and never materialises it.
+    """
+    ids = torch.repeat_interleave(torch.arange(len(seq_lens), device=device),
+                                  torch.tensor(list(seq_lens), device=device))
+    s = ids.numel()
+    causal = torch.ones(s, s, dtype=torch.bool, device=device).tril()
+    allowed = causal & (ids[:, None] == ids[None, :])
+    return (~allowed).view(1, 1, s, s)
+
+
+@dataclass
+class MiniBatchPlan:
+    """One optimizer step's data for this rank.
+
+    Attributes:
+        micro_batches: this DP rank's micro-batches (same count on every DP rank).
+        num_tokens_global: N_glob, trained response tokens over all DP ranks.
+        num_seqs_global: S_glob, trained responses over all DP ranks.
+    """
+
+    micro_batches: list[PackedMicroBatch]
+    num_tokens_global: int
+    num_seqs_global: int
+
+
+def plan_mini_batch(samples: Sequence[Sample], index: Sequence[int], resp_lens: Sequence[int], *,
+                    dp: int, dp_rank: int, budget: int) -> MiniBatchPlan:
+    """Pack the mini-batch ``index`` for data-parallel rank ``dp_rank`` of ``dp``."""
+    kept = [i for i in index if resp_lens[i] > 0]
+    lens = [len(samples[i].prompt_ids) + resp_lens[i] for i in kept]
+    shards = shard_for_dp(kept, lens, dp)
+    length = dict(zip(kept, lens))
+    bins = assign_micro_batches([[(i, length[i]) for i in s] for s in shards], budget)
+    mbs = [build_micro_batch(samples, b, resp_lens) for b in bins[dp_rank]]
+    return MiniBatchPlan(micro_batches=mbs, num_tokens_global=sum(resp_lens[i] for i in kept),
+                         num_seqs_global=len(kept))

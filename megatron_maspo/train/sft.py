@@ -1,0 +1,73 @@
+"""Supervised warm start: teach the answer format (and some answers) before RL.
+
+The gradient of any ratio-based loss at ``rho = 1`` with advantage 1 is exactly the token-mean NLL
+gradient, and one mini-batch per step keeps ``rho = 1`` (the actor recomputes old log-probs with
+the same packing). So the warm start reuses the actor's packing, forward and exact token-mean path
+unchanged; only the learning rate differs, set directly and restored from the scheduler afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from megatron_maspo.config import MaspoConfig
+from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
+from megatron_maspo.train.packing import plan_mini_batch, trim_lengths
+from megatron_maspo.train.samples import Sample
+
+logger = logging.getLogger(__name__)
+
+
+def sft_samples(examples: list, tokenizer: Any, idx: list[int]) -> list[Sample]:
+    """(prompt, ``\\boxed{answer}`` + EOS) pairs for the given dataset indices."""
+    out = []
+    for k, i in enumerate(idx):
+        ex = examples[i]
+        resp = tokenizer.encode(f"\\boxed{{{ex.answer}}}", add_special_tokens=False)
+        out.append(Sample(prompt_ids=ex.prompt_ids, response_ids=resp + [tokenizer.eos_token_id],
+                          advantage=1.0, prompt_index=k))
+    return out
+
+
+def sft_warm_start(actor: Any, examples: list, tokenizer: Any, cfg: MaspoConfig, *, rank: int,
+                   progress: bool = True) -> dict[str, float]:
+    """``cfg.train.sft_steps`` supervised steps at ``cfg.train.sft_lr``; returns the last step's metrics."""
+    tc = cfg.train
+    g = torch.Generator().manual_seed(tc.seed + 17)
+    batch = tc.prompts_per_step * 2
+    it = range(tc.sft_steps)
+    if progress and rank == 0:
+        from tqdm import tqdm
+
+        it = tqdm(it, desc="sft warm start", leave=False)
+    metrics: dict[str, float] = {}
+    for _ in it:
+        idx = torch.randint(len(examples), (batch,), generator=g).tolist()
+        samples = sft_samples(examples, tokenizer, idx)
+        # One mini-batch holding every sample (the RL plan would split it into several).
+        budget = tc.max_tokens_per_micro_batch
+        resp_lens, _ = trim_lengths(samples, budget)
+        plan = plan_mini_batch(samples, list(range(len(samples))), resp_lens, dp=actor.groups.dp,
+                               dp_rank=actor.groups.dp_rank, budget=budget)
+        actor.fill_old_logprobs(samples, [plan])
+        ctx = actor.forward_backward(samples, plan)
+        for group in actor.optimizer.param_groups:
+            group["lr"] = tc.sft_lr
+        with spoof_tensor_type():
+            actor.optimizer.step()
+        metrics = {k: float(v) for k, v in ctx.metrics.items()} if ctx.metrics else {}
+    actor.scheduler.step(increment=0)  # back to the RL learning rate
+    _reset_adam_state(actor.optimizer)
+    logger.info("sft warm start: %d steps done", tc.sft_steps)
+    return metrics
+
+
+def _reset_adam_state(optimizer: Any) -> None:
+    """Drop the warm start's Adam moments so RL starts from fresh optimizer statistics."""
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if inner is not None:
+            inner.state.clear()

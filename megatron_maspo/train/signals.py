@@ -1,0 +1,47 @@
+"""SIGTERM / SIGINT: finish the current step, checkpoint, exit cleanly.
+
+The handler only sets a flag; the loop checks it at step boundaries (a checkpoint written from inside a
+signal handler, in the middle of a collective, would corrupt state or hang the other ranks). Ranks agree
+on the flag with one all-reduce per step so all of them stop after the same step.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+class StopRequest:
+    """Installs the handlers on construction; ``should_stop(group)`` is collective."""
+
+    def __init__(self) -> None:
+        self.requested: int | None = None
+        self._prev = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._prev[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. inside a test runner thread)
+                pass
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C aborts at once
+        self.requested = signum
+        logger.warning("received %s: will checkpoint after the current step and stop",
+                       signal.Signals(signum).name)
+
+    def should_stop(self, group=None) -> bool:
+        flag = torch.tensor([1.0 if self.requested is not None else 0.0])
+        if dist.is_initialized() and dist.get_world_size(group) > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return bool(flag.item() > 0)
+
+    def restore(self) -> None:
+        for sig, h in self._prev.items():
+            signal.signal(sig, h)

@@ -1,0 +1,142 @@
+"""Shared pieces for the actor tests: configs, samples, name-based init, full-tensor gathers."""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from megatron_maspo.config import MaspoConfig
+from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
+from megatron_maspo.parallel.config import ParallelConfig
+from megatron_maspo.parallel.groups import ParallelGroups, init_parallel
+from megatron_maspo.rollout.config import RolloutConfig
+from megatron_maspo.train.actor import MegatronActor
+from megatron_maspo.train.config import OptimConfig, TrainConfig
+from megatron_maspo.train.samples import Sample
+
+VOCAB = 101  # padded to 128·tp: exercises the padded-row masking
+
+
+def qwen2_spec() -> ArchSpec:
+    return tiny_qwen2_spec(VOCAB, num_layers=2, hidden_size=32, tie_word_embeddings=True)
+
+
+def qwen3_moe_spec() -> ArchSpec:
+    return ArchSpec(family="qwen3_moe", num_layers=2, hidden_size=32, ffn_hidden_size=64,
+                    num_attention_heads=4, num_query_groups=2, kv_channels=8, vocab_size=VOCAB,
+                    max_position_embeddings=256, qk_layernorm=True, num_moe_experts=4,
+                    moe_ffn_hidden_size=16, moe_router_topk=2, moe_norm_topk_prob=True)
+
+
+def make_cfg(world: int, tp: int = 1, pp: int = 1, ep: int = 1, *, budget: int = 64,
+             mini_batches: int = 2, dist_opt: bool = False, **train_kw) -> MaspoConfig:
+    return MaspoConfig(
+        parallel=ParallelConfig(tp=tp, pp=pp, ep=ep, world_size=world, distributed_optimizer=dist_opt),
+        loss=LossConfig(method="maspo"),
+        optim=OptimConfig(lr=1e-2, weight_decay=0.0, clip_grad=1.0),
+        rollout=RolloutConfig(temperature=0.9),
+        train=TrainConfig(steps=4, prompts_per_step=4, mini_batches_per_step=mini_batches,
+                          max_tokens_per_micro_batch=budget, logprob_chunk_size=7, **train_kw))
+
+
+def make_samples(n_prompts: int = 4, group: int = 3, seed: int = 0) -> list[Sample]:
+    """Uneven prompt and response lengths (so micro-batches hold different token counts)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for p in range(n_prompts):
+        prompt = torch.randint(1, VOCAB, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g)
+        for _ in range(group):
+            n = int(torch.randint(1, 14, (1,), generator=g))
+            resp = torch.randint(1, VOCAB, (n,), generator=g).tolist()
+            adv = float(torch.randn(1, generator=g))
+            out.append(Sample(prompt_ids=prompt.tolist(), response_ids=resp, advantage=adv,
+                              prompt_index=p, reward=adv))
+    return out
+
+
+def global_name(name: str, groups: ParallelGroups, spec: ArchSpec) -> str:
+    """Layout-independent parameter name (global layer and expert ids, tied output = embedding)."""
+    if name == "output_layer.weight" and spec.tie_word_embeddings:
+        return "embedding.word_embeddings.weight"
+    parts = name.split(".")
+    if name.startswith("decoder.layers."):
+        parts[2] = str(int(parts[2]) + groups.pp_rank * (spec.num_layers // groups.pp))
+    if "local_experts" in parts:
+        k = parts.index("local_experts") + 1
+        parts[k] = str(int(parts[k]) + groups.ep_rank * (spec.num_moe_experts // groups.ep))
+    return ".".join(parts)
+
+
+def _shard(name: str, full: torch.Tensor, p, groups: ParallelGroups) -> torch.Tensor:
+    dim, r, t = p.partition_dim, groups.tp_rank, groups.tp
+    if "linear_fc1" in name:  # Megatron keeps [gate_local; up_local] per TP rank
+        gate, up = full.chunk(2, dim=dim)
+        return torch.cat([gate.chunk(t, dim=dim)[r], up.chunk(t, dim=dim)[r]], dim=dim)
+    return full.chunk(t, dim=dim)[r]
+
+
+def _merge(name: str, parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    if "linear_fc1" in name:
+        halves = [x.chunk(2, dim=dim) for x in parts]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=dim)
+    return torch.cat(parts, dim=dim)
+
+
+def name_init(spec: ArchSpec, groups: ParallelGroups, seed: int = 7):
+    """``init_weights`` callback: every parameter's full value depends only on its global name."""
+
+    def init(chunks: list) -> None:
+        for m in chunks:
+            for name, p in m.named_parameters():
+                gname = global_name(name, groups, spec)
+                shape = list(p.shape)
+                split = getattr(p, "tensor_model_parallel", False) and groups.tp > 1
+                if split:
+                    shape[p.partition_dim] *= groups.tp
+                if gname == "embedding.word_embeddings.weight":
+                    shape[0] = p.shape[0] * groups.tp  # row-major draw: valid rows equal at any TP
+                g = torch.Generator().manual_seed(zlib.crc32(gname.encode()) + seed)
+                full = torch.randn(shape, generator=g) * 0.1
+                if "norm" in name:
+                    full = 1.0 + full
+                with torch.no_grad():
+                    p.copy_(_shard(name, full, p, groups) if split else full)
+
+    return init
+
+
+def full_tensors(actor: MegatronActor, *, grads: bool) -> dict[str, torch.Tensor]:
+    """Every parameter (or its main_grad) merged over TP/EP/PP, keyed by global name, on all ranks."""
+    groups, spec = actor.groups, actor.spec
+    local: dict[str, torch.Tensor] = {}
+    for c in actor.chunks:
+        for name, p in c.module.named_parameters():
+            t = (p.main_grad if grads else p.data).detach().float().clone()
+            if getattr(p, "tensor_model_parallel", False) and groups.tp > 1:
+                parts = [torch.empty_like(t) for _ in range(groups.tp)]
+                dist.all_gather(parts, t.contiguous(), group=groups.tp_group)
+                t = _merge(name, parts, p.partition_dim)
+            gname = global_name(name, groups, spec)
+            if name == "output_layer.weight" and spec.tie_word_embeddings:
+                continue
+            if gname == "embedding.word_embeddings.weight":
+                t = t[:spec.vocab_size]
+            local[gname] = t
+    everything: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everything, local)
+    out: dict[str, torch.Tensor] = {}
+    for d in everything:
+        for k, v in d.items():
+            out.setdefault(k, v)
+    return out
+
+
+def build_actor(world: int, tp: int = 1, pp: int = 1, ep: int = 1, *, spec: ArchSpec | None = None,
+                **cfg_kw) -> MegatronActor:
+    spec = spec or qwen2_spec()
+    groups = init_parallel(tp=tp, pp=pp, ep=ep, seed=11)
+    cfg = make_cfg(world, tp, pp, ep, **cfg_kw)
+    return MegatronActor(cfg, spec, groups, init_weights=name_init(spec, groups))

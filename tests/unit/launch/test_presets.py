@@ -1,0 +1,61 @@
+"""Architecture presets: exact public shapes, parameter counts, and agreement with the HF config mapping."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_maspo.model.hf_config import arch_spec_from_hf, hf_config_dict
+from megatron_maspo.model.presets import PRESETS, get_preset
+
+# Parameter totals as published on the model cards / computed by transformers for these configs.
+PUBLISHED = {
+    "r1-distill-qwen-1.5b": 1_777_088_000,
+    "r1-distill-qwen-7b": 7_615_616_512,
+    "r1-distill-qwen-14b": 14_770_033_664,
+    "qwen2.5-1.5b": 1_543_714_304,
+    "qwen2.5-7b": 7_615_616_512,
+    "qwen2.5-14b": 14_770_033_664,
+    "llama3-70b": 70_553_706_496,
+    "qwen3-30b-a3b": 30_532_122_624,
+    "smollm2-135m": 134_515_008,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_parameter_count_matches_published(name):
+    assert get_preset(name).num_parameters() == PUBLISHED[name]
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_hf_round_trip(name):
+    spec = get_preset(name)
+    back = arch_spec_from_hf(hf_config_dict(spec))
+    for f in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+              "kv_channels", "vocab_size", "rotary_base", "layernorm_epsilon", "add_qkv_bias", "qk_layernorm",
+              "tie_word_embeddings", "num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk"):
+        assert getattr(back, f) == getattr(spec, f), f
+
+
+def test_transformers_counts_the_same_parameters():
+    """Instantiate the 1.5B and the MoE preset on the meta device with transformers and count."""
+    import torch
+    import transformers
+
+    for name in ("r1-distill-qwen-1.5b", "qwen3-30b-a3b"):
+        spec = get_preset(name)
+        cfg = transformers.AutoConfig.for_model(**hf_config_dict(spec))
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(cfg)
+        assert sum(p.numel() for p in model.parameters()) == spec.num_parameters(), name
+
+
+def test_distill_models_differ_from_their_bases_where_documented():
+    d15, q15 = get_preset("r1-distill-qwen-1.5b"), get_preset("qwen2.5-1.5b")
+    assert (d15.tie_word_embeddings, q15.tie_word_embeddings) == (False, True)
+    assert (get_preset("r1-distill-qwen-7b").rotary_base, get_preset("qwen2.5-7b").rotary_base) == (1e4, 1e6)
+    assert get_preset("r1-distill-qwen-14b").num_query_groups == 8
+
+
+def test_unknown_preset_names_the_accepted_ones():
+    with pytest.raises(ValueError, match="qwen3-30b-a3b"):
+        get_preset("gpt-5")
