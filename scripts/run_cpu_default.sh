@@ -9,5 +9,5 @@ VENV=${VENV:-.venv}
 . "$VENV/bin/activate"
 python -m pip install -q --upgrade pip
 python -m pip install -q -c constraints/cpu.txt -e ".[logging]"
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 exec maspo train "$@"

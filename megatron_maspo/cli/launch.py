@@ -60,8 +60,14 @@ def run(args: argparse.Namespace) -> int:
 
     from megatron_maspo.cli.common import config_from_args
     from megatron_maspo.config import dump_yaml
-    from megatron_maspo.launch.job import (TRAIN_MODULE, LaunchOptions, parse_env, resolve_for_cluster,
-                                           train_args, write_config)
+    from megatron_maspo.launch.job import (
+        TRAIN_MODULE,
+        LaunchOptions,
+        parse_env,
+        resolve_for_cluster,
+        train_args,
+        write_config,
+    )
 
     if args.recipe_name:
         if args.recipe:

@@ -37,8 +37,15 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from megatron_maspo.cli.common import config_from_args
-    from megatron_maspo.launch.plan import (Assumptions, apply_layout, arch_of, estimate, format_plan,
-                                            layout_of, suggest)
+    from megatron_maspo.launch.plan import (
+        Assumptions,
+        apply_layout,
+        arch_of,
+        estimate,
+        format_plan,
+        layout_of,
+        suggest,
+    )
 
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise ValueError(f"--nodes and --gpus-per-node must be >= 1, got {args.nodes}, {args.gpus_per_node}")

@@ -79,7 +79,7 @@ class Assumptions:
     engine_overhead_gb: float = 2.0
     """vLLM activations / CUDA graphs inside its memory share, GiB."""
     prompt_frac: float = 0.5
-    """Average prompt length as a fraction of ``train.max_prompt_tokens``."""
+    """Average prompt length as a fraction of the prompt budget (min of train./data.max_prompt_tokens)."""
     response_frac: float = 0.5
     """Average response length as a fraction of ``rollout.max_new_tokens``."""
 
@@ -259,10 +259,12 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     if lay.vllm_tp > gpus_per_node or world % lay.vllm_tp:
         reasons.append(f"rollout.vllm_tp={lay.vllm_tp} must divide the world ({world}) within a node")
     tr, ro = cfg.train, cfg.rollout
-    seq_max = tr.max_prompt_tokens + ro.max_new_tokens
+    # Longer prompts are skipped by the data loader (data.*) or truncated (train.*): the smaller bounds.
+    max_prompt = min(tr.max_prompt_tokens, cfg.data.max_prompt_tokens)
+    seq_max = max_prompt + ro.max_new_tokens
     if seq_max > tr.max_tokens_per_micro_batch:
-        reasons.append(f"train.max_tokens_per_micro_batch={tr.max_tokens_per_micro_batch} < max_prompt_tokens"
-                       f" + max_new_tokens = {seq_max}: a full-length sequence fits no micro-batch")
+        reasons.append(f"train.max_tokens_per_micro_batch={tr.max_tokens_per_micro_batch} < max prompt + "
+                       f"rollout.max_new_tokens = {seq_max}: a full-length sequence fits no micro-batch")
     if seq_max > spec.max_position_embeddings:
         reasons.append(f"sequence length {seq_max} exceeds max_position_embeddings={spec.max_position_embeddings}")
     seqs_per_mini = tr.prompts_per_step // tr.mini_batches_per_step * ro.group_size
@@ -277,7 +279,7 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     d_dense = dp if lay.distributed_optimizer else 1
     d_expert = max(1, dp // lay.ep) if lay.distributed_optimizer else 1
     elt = 2 if bf16 else 4
-    avg_prompt, avg_resp = tr.max_prompt_tokens * hw.prompt_frac, ro.max_new_tokens * hw.response_frac
+    avg_prompt, avg_resp = max_prompt * hw.prompt_frac, ro.max_new_tokens * hw.response_frac
     avg_seq = avg_prompt + avg_resp
     tokens_per_rank_mini = seqs_per_mini * avg_seq / dp
     n_micro = max(1, math.ceil(tokens_per_rank_mini / tr.max_tokens_per_micro_batch))

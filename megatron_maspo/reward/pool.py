@@ -133,7 +133,9 @@ class GraderPool:
     def _start(self) -> _Worker:
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
-            target=_worker_main, args=(child, self._grade_fn, self._warmup, self._address_space_mb), daemon=True
+            target=_worker_main,
+            args=(child, self._grade_fn, self._warmup, self._address_space_mb),
+            daemon=True,
         )
         proc.start()
         child.close()  # so the parent sees EOF when the worker dies
@@ -185,10 +187,16 @@ class GraderPool:
         pending = deque(range(len(items)))
         startup_failures = 0
         while pending or any(w.item is not None for w in self._workers):
-            for w in self._workers:
+            for w in list(self._workers):
                 if w.ready and w.item is None and pending:
                     idx = pending.popleft()
-                    w.conn.send((idx, items[idx]))
+                    try:
+                        w.conn.send((idx, items[idx]))
+                    except OSError:  # died while idle (e.g. OOM-killed): not this item's fault
+                        pending.appendleft(idx)
+                        self.events["crash"] += 1
+                        self._replace(w)
+                        continue
                     w.item, w.deadline = idx, time.monotonic() + self._timeout_s
             now = time.monotonic()
             deadlines = [w.deadline for w in self._workers if w.item is not None]
@@ -202,6 +210,8 @@ class GraderPool:
                         results[w.item] = GradeStatus.CRASH
                         self.events["crash"] += 1
                         logger.warning("grading worker %d died on item %d", w.proc.pid, w.item)
+                    elif w.ready:  # died while idle: replace it, no item lost
+                        self.events["crash"] += 1
                     else:
                         startup_failures += 1
                         if startup_failures >= _MAX_CONSECUTIVE_STARTUP_FAILURES:

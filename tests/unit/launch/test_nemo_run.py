@@ -63,6 +63,7 @@ def test_local_launch_of_two_gloo_ranks(tmp_path):
     assert out == {"world": 2, "sum": 3.0, "world_size_in_config": 2, "omp": "1", "local_world": 2}
 
 
+@pytest.mark.slow
 def test_failed_local_task_fails_the_command(tmp_path):
     r = _launch(["--config", str(_base_config(tmp_path)), "--executor", "local", "--gpus-per-node", "1",
                  "--job-dir", str(tmp_path / "jobs"), "--name", "bad",

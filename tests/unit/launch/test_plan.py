@@ -9,8 +9,16 @@ import pytest
 
 from megatron_maspo.cli.main import main
 from megatron_maspo.config import load_recipe
-from megatron_maspo.launch.plan import (GIB, Assumptions, Layout, apply_layout, arch_of, estimate, layout_of,
-                                        suggest)
+from megatron_maspo.launch.plan import (
+    GIB,
+    Assumptions,
+    Layout,
+    apply_layout,
+    arch_of,
+    estimate,
+    layout_of,
+    suggest,
+)
 
 
 def test_dense_7b_memory_and_time_match_hand_computation():

@@ -112,9 +112,10 @@ def _fuzz(n: int, seed: int, time_limit_s: float) -> None:
 
 
 def test_fuzz_default() -> None:
-    _fuzz(3000, seed=0, time_limit_s=35.0)
+    # ~9 s on an idle 2-core box; the bound only catches a hang (an oversubscribed CI box is slower).
+    _fuzz(3000, seed=0, time_limit_s=240.0)
 
 
 @pytest.mark.slow
 def test_fuzz_large() -> None:
-    _fuzz(20_000, seed=1, time_limit_s=400.0)
+    _fuzz(20_000, seed=1, time_limit_s=1200.0)
