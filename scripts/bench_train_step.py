@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
+
+# the tiny model, configs and samples live in the test helpers; make the repo root importable
+# (also in the spawned ranks, which re-import this file)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _worker(rank: int, world: int, tp: int, steps: int) -> float:

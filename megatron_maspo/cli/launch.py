@@ -92,7 +92,11 @@ def run(args: argparse.Namespace) -> int:
         module, task_args = TRAIN_MODULE, train_args(config_path)
 
     # The only place the launcher touches nemo_run (a missing extra fails here with the install hint).
-    from megatron_maspo.launch import nemo_run as nr
+    try:
+        from megatron_maspo.launch import nemo_run as nr
+    except ImportError as e:
+        print(f"maspo launch: {e}", file=sys.stderr)
+        return 2
 
     task = nr.build_task(task_args, module=module)
     use_cuda = cuda or args.executor == "slurm"

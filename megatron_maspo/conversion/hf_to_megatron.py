@@ -17,8 +17,14 @@ from pathlib import Path
 import torch
 
 from megatron_maspo.conversion.mapping import QKV, Direct, Entry, GatedMLP
-from megatron_maspo.conversion.plan import (hf_shape, hf_state_dict_keys, local_items, mcore_names,
-                                            resolve, unwrap)
+from megatron_maspo.conversion.plan import (
+    hf_shape,
+    hf_state_dict_keys,
+    local_items,
+    mcore_names,
+    resolve,
+    unwrap,
+)
 from megatron_maspo.conversion.shard import gated_shard, pad_vocab, qkv_shard, tp_shard
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.groups import ParallelGroups
@@ -49,7 +55,7 @@ class HFSource(contextlib.AbstractContextManager):
 
         for fname in files:
             handle = self._stack.enter_context(safe_open(str(folder / fname), framework="pt"))
-            for key in handle.keys():
+            for key in handle.keys():  # noqa: SIM118 (safe_open handle, not a dict)
                 if key in self._files:
                     raise ValueError(f"HF tensor {key!r} appears in two safetensors files")
                 self._files[key] = handle
@@ -98,7 +104,7 @@ def _megatron_shard(entry: Entry, hf: list[torch.Tensor], spec: ArchSpec, tp: in
     return tp_shard(full, entry.split, tp, rank)
 
 
-def _tp_of(entry: Entry, groups: ParallelGroups, expert: int | None) -> tuple[int, int]:
+def _tp_of(groups: ParallelGroups, expert: int | None) -> tuple[int, int]:
     # Expert tensors use the expert-TP group; MoE runs at expert TP = 1 here (spec.validate_layout).
     return (1, 0) if expert is not None else (groups.tp, groups.tp_rank)
 
@@ -145,7 +151,7 @@ def load_hf_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Paral
             plans.append(plan)
         for plan in plans:
             for entry, hf_names, param, key, expert in plan:
-                tp, rank = _tp_of(entry, groups, expert)
+                tp, rank = _tp_of(groups, expert)
                 padded = param.shape[0] * tp if isinstance(entry, Direct) and entry.vocab else None
                 shard = _megatron_shard(entry, [src.get(n) for n in hf_names], spec, tp, rank, padded)
                 if tuple(shard.shape) != tuple(param.shape):

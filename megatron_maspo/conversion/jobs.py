@@ -34,8 +34,12 @@ def _groups_and_chunks(spec, tp: int, pp: int, ep: int):
 
 def _verify(chunks, spec, groups, hf_dir: str | Path) -> float | None:
     """Logits error vs transformers on a few prompts; the figure on last-stage TP-rank-0 ranks."""
-    from megatron_maspo.conversion.verify import (hf_logits, max_relative_error, megatron_logits,
-                                                  verify_prompts)
+    from megatron_maspo.conversion.verify import (
+        hf_logits,
+        max_relative_error,
+        megatron_logits,
+        verify_prompts,
+    )
 
     tokenizer = None
     if (Path(hf_dir) / "tokenizer_config.json").is_file():
@@ -78,7 +82,11 @@ def hf_to_megatron_rank(rank: int, world: int, hf_dir: str, out: str, tp: int, p
 def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp: int, ep: int,
                         dtype: str | None, verify: bool) -> dict[str, Any]:
     """One rank of Megatron dist checkpoint -> HF folder (rank 0 writes; all ranks export)."""
-    from megatron_maspo.conversion.dist_ckpt import ASSETS_DIR, load_arch_spec, load_model_checkpoint
+    from megatron_maspo.conversion.dist_ckpt import (
+        ASSETS_DIR,
+        load_arch_spec,
+        load_model_checkpoint,
+    )
     from megatron_maspo.conversion.megatron_to_hf import export_hf_weights, save_hf_folder
     from megatron_maspo.model.hf_config import hf_config_dict
 

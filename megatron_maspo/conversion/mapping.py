@@ -77,8 +77,8 @@ Entry = Direct | QKV | GatedMLP
 
 @dataclass(frozen=True)
 class FamilyTable:
-    """All mappings of one HF family: ``globals_`` (embedding, final norm, head) and ``layer``
-    (per decoder layer; entries with ``{expert}`` are repeated for every expert)."""
+    """All mappings of one HF family: ``pre`` (embedding, first stage), ``layer`` (per decoder layer;
+    entries with ``{expert}`` are repeated for every expert) and ``post`` (final norm, head)."""
 
     family: str
     pre: tuple[Entry, ...]

@@ -19,8 +19,15 @@ import torch
 import torch.distributed as dist
 
 from megatron_maspo.conversion.mapping import QKV, Direct, GatedMLP, is_expert
-from megatron_maspo.conversion.plan import (Item, chunk_layers, global_items, hf_shape, mcore_names,
-                                            resolve, unwrap)
+from megatron_maspo.conversion.plan import (
+    Item,
+    chunk_layers,
+    global_items,
+    hf_shape,
+    mcore_names,
+    resolve,
+    unwrap,
+)
 from megatron_maspo.conversion.shard import gated_merge, qkv_merge, tp_merge, unpad_vocab
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.groups import ParallelGroups

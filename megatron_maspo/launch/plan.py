@@ -79,7 +79,7 @@ class Assumptions:
     engine_overhead_gb: float = 2.0
     """vLLM activations / CUDA graphs inside its memory share, GiB."""
     prompt_frac: float = 0.5
-    """Average prompt length as a fraction of the prompt budget (min of train./data.max_prompt_tokens)."""
+    """Average prompt length as a fraction of the prompt budget (data.max_prompt_tokens)."""
     response_frac: float = 0.5
     """Average response length as a fraction of ``rollout.max_new_tokens``."""
 
@@ -260,7 +260,7 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
         reasons.append(f"rollout.vllm_tp={lay.vllm_tp} must divide the world ({world}) within a node")
     tr, ro = cfg.train, cfg.rollout
     # Longer prompts are skipped by the data loader (data.*) or truncated (train.*): the smaller bounds.
-    max_prompt = min(tr.max_prompt_tokens, cfg.data.max_prompt_tokens)
+    max_prompt = cfg.data.max_prompt_tokens
     seq_max = max_prompt + ro.max_new_tokens
     if seq_max > tr.max_tokens_per_micro_batch:
         reasons.append(f"train.max_tokens_per_micro_batch={tr.max_tokens_per_micro_batch} < max prompt + "

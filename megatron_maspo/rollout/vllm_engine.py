@@ -26,8 +26,14 @@ from typing import Any
 
 import torch
 
-from megatron_maspo.rollout.buckets import (Bucket, TensorMeta, bucket_from_wire, bucket_to_wire, pack_buckets,
-                                            unpack_bucket)
+from megatron_maspo.rollout.buckets import (
+    Bucket,
+    TensorMeta,
+    bucket_from_wire,
+    bucket_to_wire,
+    pack_buckets,
+    unpack_bucket,
+)
 from megatron_maspo.rollout.types import Completion, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -80,6 +86,15 @@ class MaspoWorkerExtension:
             loaded = self.model_runner.get_model().load_weights(tensors)
         self._maspo_loaded |= set(loaded or ())
         return len(tensors)
+
+    def maspo_abort_sync(self) -> None:
+        """Leave the layer-wise reload after a failed sync (layers that were not completed get their old
+        tensors back); the model is then a mix of old and new weights and must be re-synced."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(self.model_runner.get_model(), self.vllm_config.model_config)
 
     def maspo_finish_sync(self) -> dict[str, int]:
         """Finish the reload, check every model parameter was written; returns ``{hf_name: crc32}`` received."""
@@ -145,20 +160,55 @@ class VllmEngine:
         kwargs.update(llm_kwargs)
         self.llm = vllm.LLM(**kwargs)
         self._version = 0
+        self._stale = False
         self.last_received_crc: dict[str, int] = {}
         """``{hf_name: crc32}`` of the tensors the workers received in the last sync (first worker)."""
+
+    @classmethod
+    def from_config(cls, cfg: Any, spec: Any, tokenizer: Any = None) -> VllmEngine:
+        """Engine for a run: dummy weights (the first sync fills them), settings from ``cfg.rollout``.
+
+        Args:
+            cfg: the root ``MaspoConfig``.
+            spec: the ``ArchSpec``; its HF ``config.json`` is written to a fresh temporary directory.
+            tokenizer: unused (token ids in and out); accepted for a uniform builder signature.
+        """
+        import json
+        import tempfile
+
+        from megatron_maspo.model.hf_config import hf_config_dict
+
+        model_dir = tempfile.mkdtemp(prefix="maspo_vllm_")
+        with open(os.path.join(model_dir, "config.json"), "w") as f:
+            json.dump(hf_config_dict(spec), f)
+        return cls(model_dir, dtype="bfloat16" if cfg.model.bf16 else "float32", load_format="dummy",
+                   seed=cfg.train.seed, max_model_len=spec.max_position_embeddings,
+                   gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
+                   tensor_parallel_size=cfg.rollout.vllm_tp)
 
     @property
     def policy_version(self) -> int:
         return self._version
 
+    def shutdown(self) -> None:
+        """Stop vLLM's engine-core and worker processes now (instead of at interpreter exit)."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
+
     def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
         """Stream buckets into every worker, finish the layer-wise reload, reset the prefix cache."""
+        self._stale = True  # until this sync completes, the weights are a mix of old and new
         self.llm.collective_rpc("maspo_begin_sync")
-        for b in buckets:
-            self.llm.collective_rpc("maspo_load_bucket", args=(bucket_to_wire(b), verify))
-        self.last_received_crc = self.llm.collective_rpc("maspo_finish_sync")[0]
+        try:
+            for b in buckets:
+                self.llm.collective_rpc("maspo_load_bucket", args=(bucket_to_wire(b), verify))
+            self.last_received_crc = self.llm.collective_rpc("maspo_finish_sync")[0]
+        except Exception:
+            self.llm.collective_rpc("maspo_abort_sync")
+            raise
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        self._stale = False
         self._version += 1
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, bucket_bytes: int = 256 << 20) -> None:
@@ -180,6 +230,8 @@ class VllmEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         import vllm
 
+        if self._stale:
+            raise RuntimeError("the last weight sync failed part-way: the engine holds mixed weights; re-sync")
         # vLLM refuses n > 1 with greedy sampling: send each prompt n times with n = 1 instead.
         reps, n = (params.n, 1) if params.temperature == 0 else (1, params.n)
         sp = vllm.SamplingParams(n=n, temperature=params.temperature, top_p=params.top_p,

@@ -95,6 +95,9 @@ class MegatronActor:
         bundle = build_optimizer(chunks, cfg.optim, total_steps=total, bf16=cfg.model.bf16,
                                  distributed_optimizer=p.distributed_optimizer)
         self.chunks, self.optimizer, self.scheduler = bundle.chunks, bundle.optimizer, bundle.scheduler
+        # Megatron's allgather MoE dispatcher (CPU at EP > 1) needs equal row lengths over the EP group
+        self._equal_rows = p.ep > 1 and getattr(
+            chunks[0].config, "moe_token_dispatcher_type", None) == "allgather"
         self.steps_done = 0
         self.steps_skipped = 0
 
@@ -105,7 +108,8 @@ class MegatronActor:
         resp_lens, stats = trim_lengths(samples, budget)
         minis = split_mini_batches(samples, self.cfg.train.mini_batches_per_step)
         plans = [plan_mini_batch(samples, idx, resp_lens, dp=self.groups.dp,
-                                 dp_rank=self.groups.dp_rank, budget=budget) for idx in minis]
+                                 dp_rank=self.groups.dp_rank, budget=budget,
+                                 equal_rows=self._equal_rows) for idx in minis]
         return plans, resp_lens, stats
 
     def _inputs(self, samples: Sequence[Sample], mb: PackedMicroBatch) -> MicroBatchInputs:

@@ -48,8 +48,6 @@ class TrainConfig:
     """Optimizer steps per rollout step (paper: 16 = 512 / 32)."""
     max_tokens_per_micro_batch: int = 2048
     """Token budget of one packed micro-batch (prompt + response tokens)."""
-    max_prompt_tokens: int = 256
-    """Prompts longer than this are truncated from the left and counted."""
     dynamic_sampling: bool = False
     """Drop groups whose rewards are all equal and draw more prompts to refill the batch (DAPO)."""
     max_sampling_rounds: int = 3
@@ -77,7 +75,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "mini_batches_per_step", "max_tokens_per_micro_batch",
-                     "max_prompt_tokens", "max_sampling_rounds", "logprob_chunk_size"):
+                     "max_sampling_rounds", "logprob_chunk_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.prompts_per_step % self.mini_batches_per_step:

@@ -38,6 +38,12 @@ class _PassThrough(torch.nn.Module):
         super().__init__()
         object.__setattr__(self, "original", original)  # not a submodule: no duplicate params
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The wrapped layer's ``[V/tp, H]`` weight: with tied embeddings and PP > 1 the last
+        stage's ``shared_embedding_or_output_weight()`` reads ``output_layer.weight``."""
+        return self.original.weight
+
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor | None = None,
                 runtime_gather_output: bool | None = None) -> tuple[torch.Tensor, None]:
         return hidden, None
@@ -55,8 +61,7 @@ def output_weight(model: Any) -> torch.Tensor:
     m = unwrap(model)
     if m.share_embeddings_and_output_weights:
         return m.shared_embedding_or_output_weight()
-    layer = m.output_layer
-    return (layer.original if isinstance(layer, _PassThrough) else layer).weight
+    return m.output_layer.weight
 
 
 @contextlib.contextmanager

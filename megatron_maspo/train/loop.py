@@ -149,6 +149,32 @@ class Trainer:
                                       reward=g.rewards_G[j], finish_reason=c.finish_reason))
         return samples
 
+    def _mismatch(self, samples: list[Sample]) -> dict[str, float]:
+        """Trainer (old-policy recompute) vs engine log-probs of the same tokens, on one last-stage rank.
+
+        The actor fills ``old_logprobs`` on the last pipeline stage for its DP shard; the first such
+        rank's figures are broadcast (a diagnostic: one DP shard is a fair sample of the batch).
+        """
+        from megatron_maspo.rollout.diagnostics import mismatch_metrics
+
+        g = self.groups
+        out: dict[str, float] = {}
+        if g.is_last_stage and g.tp_rank == 0 and g.dp_rank == 0:
+            pairs = [(s.old_logprobs, torch.tensor(s.rollout_logprobs[: len(s.old_logprobs)]))
+                     for s in samples if s.old_logprobs is not None and s.rollout_logprobs is not None
+                     and len(s.old_logprobs)]
+            if pairs:
+                tr = torch.cat([a for a, _ in pairs])
+                ro = torch.cat([b for _, b in pairs])
+                out = {k: float(v) for k, v in mismatch_metrics(tr, ro, torch.ones_like(tr)).items()}
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            # Megatron orders ranks tp-cp-ep-dp-pp: (last stage, dp 0, tp 0) is global rank (pp-1)*tp*dp.
+            src = (g.pp - 1) * g.tp * g.dp
+            box = [out]
+            dist.broadcast_object_list(box, src=src)
+            out = box[0]
+        return out
+
     def sync(self) -> float:
         from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
 
@@ -180,7 +206,7 @@ class Trainer:
         sink = build_sink(self.run_dir, rank=self.rank, tensorboard=cfg.logging.tensorboard,
                           wandb_project=cfg.logging.wandb_project,
                           config=dataclasses.asdict(cfg), resume_step=self.step)
-        printer = StepPrinter(self.rank, tc.steps, enabled=cfg.logging.progress)
+        printer = StepPrinter(self.rank, tc.steps)
         try:
             if not self.sft_done and tc.sft_steps > 0:
                 sft_warm_start(self.actor, self.examples, self.tokenizer, cfg, rank=self.rank,
@@ -237,9 +263,10 @@ class Trainer:
         t0 = time.perf_counter()
         actor_metrics = self.actor.train_step(samples)
         self.timings["time/train"] = time.perf_counter() - t0
+        mismatch = self._mismatch(samples)
         self.timings["time/sync"] = self.sync()
         metrics = {**group_metrics(seen, max_new_tokens=cfg.rollout.max_new_tokens),
-                   **_rename_actor_metrics(actor_metrics), **self.timings,
+                   **_rename_actor_metrics(actor_metrics), **mismatch, **self.timings,
                    "rollout/dropped_groups": float(dropped), "rollout/policy_version": float(self.version),
                    "time/step": time.perf_counter() - t_start}
         if self.rank == 0 and self.reward_fn is not None:

@@ -180,17 +180,24 @@ def assign_micro_batches(shards: list[list[tuple[int, int]]], budget: int) -> li
 
 
 def build_micro_batch(samples: Sequence[Sample], index: Sequence[int],
-                      resp_lens: Sequence[int]) -> PackedMicroBatch:
+                      resp_lens: Sequence[int], *, pad_to: int = 0) -> PackedMicroBatch:
     """Concatenate ``samples[i]`` for ``i in index`` into one row (trained responses only).
 
     An empty ``index`` gives a filler row: one token, one masked response position, so every DP
     rank runs the same number of micro-batches.
+
+    Args:
+        pad_to: if larger than the packed length, append a padding segment (token 0, positions
+            from 0, its own attention block, no response position) up to this length. Padding
+            tokens attend only to each other and never reach the loss, so they change nothing but
+            the row length (MoE routing is dropless here: they take no capacity from real tokens).
     """
     if not index:
         z = torch.zeros(1, dtype=torch.long)
-        return PackedMicroBatch(tokens=z, position_ids=z.clone(), seq_lens=[1], sample_index=[],
-                                resp_index=z.clone(), labels=z.clone(), seq_ids=z.clone(),
-                                loss_mask=torch.zeros(1), resp_lens=[])
+        mb = PackedMicroBatch(tokens=z, position_ids=z.clone(), seq_lens=[1], sample_index=[],
+                              resp_index=z.clone(), labels=z.clone(), seq_ids=z.clone(),
+                              loss_mask=torch.zeros(1), resp_lens=[])
+        return _pad_row(mb, pad_to)
     toks: list[int] = []
     pos: list[int] = []
     ridx: list[int] = []
@@ -212,11 +219,23 @@ def build_micro_batch(samples: Sequence[Sample], index: Sequence[int],
         seq_lens.append(p + n)
         rl.append(n)
     t = len(labels)
-    return PackedMicroBatch(
+    mb = PackedMicroBatch(
         tokens=torch.tensor(toks, dtype=torch.long), position_ids=torch.tensor(pos, dtype=torch.long),
         seq_lens=seq_lens, sample_index=list(index), resp_index=torch.tensor(ridx, dtype=torch.long),
         labels=torch.tensor(labels, dtype=torch.long), seq_ids=torch.tensor(sids, dtype=torch.long),
         loss_mask=torch.ones(t), resp_lens=rl)
+    return _pad_row(mb, pad_to)
+
+
+def _pad_row(mb: PackedMicroBatch, pad_to: int) -> PackedMicroBatch:
+    """Append a masked padding segment so the row has ``pad_to`` tokens (no-op if already longer)."""
+    extra = pad_to - int(mb.tokens.numel())
+    if extra <= 0:
+        return mb
+    mb.tokens = torch.cat([mb.tokens, torch.zeros(extra, dtype=torch.long)])
+    mb.position_ids = torch.cat([mb.position_ids, torch.arange(extra, dtype=torch.long)])
+    mb.seq_lens = [*mb.seq_lens, extra]
+    return mb
 
 
 def block_causal_mask(seq_lens: Sequence[int], device: torch.device | None = None) -> torch.Tensor:
@@ -250,13 +269,22 @@ class MiniBatchPlan:
 
 
 def plan_mini_batch(samples: Sequence[Sample], index: Sequence[int], resp_lens: Sequence[int], *,
-                    dp: int, dp_rank: int, budget: int) -> MiniBatchPlan:
-    """Pack the mini-batch ``index`` for data-parallel rank ``dp_rank`` of ``dp``."""
+                    dp: int, dp_rank: int, budget: int, equal_rows: bool = False) -> MiniBatchPlan:
+    """Pack the mini-batch ``index`` for data-parallel rank ``dp_rank`` of ``dp``.
+
+    Args:
+        equal_rows: pad micro-batch ``k`` of every DP rank to the longest micro-batch ``k`` over all
+            DP ranks (computed locally: every rank knows every shard). Megatron's allgather MoE
+            token dispatcher (the CPU path at EP > 1) all-gathers equal-sized token blocks over the
+            EP group, which spans DP ranks.
+    """
     kept = [i for i in index if resp_lens[i] > 0]
     lens = [len(samples[i].prompt_ids) + resp_lens[i] for i in kept]
     shards = shard_for_dp(kept, lens, dp)
     length = dict(zip(kept, lens))
     bins = assign_micro_batches([[(i, length[i]) for i in s] for s in shards], budget)
-    mbs = [build_micro_batch(samples, b, resp_lens) for b in bins[dp_rank]]
+    rows = [[max(1, sum(length[i] for i in b)) for b in r] for r in bins]  # [dp][M]
+    pad = [max(col) if equal_rows else 0 for col in zip(*rows)]
+    mbs = [build_micro_batch(samples, b, resp_lens, pad_to=n) for b, n in zip(bins[dp_rank], pad)]
     return MiniBatchPlan(micro_batches=mbs, num_tokens_global=sum(resp_lens[i] for i in kept),
                          num_seqs_global=len(kept))

@@ -59,15 +59,8 @@ def sft_warm_start(actor: Any, examples: list, tokenizer: Any, cfg: MaspoConfig,
         with spoof_tensor_type():
             actor.optimizer.step()
         metrics = {k: float(v) for k, v in ctx.metrics.items()} if ctx.metrics else {}
-    actor.scheduler.step(increment=0)  # back to the RL learning rate
-    _reset_adam_state(actor.optimizer)
+    # Back to the RL learning rate. Adam's moments are kept: reset moments make the first RL updates
+    # ~lr per parameter whatever the gradient (sign-like), which wrecked the warm-started policy.
+    actor.scheduler.step(increment=0)
     logger.info("sft warm start: %d steps done", tc.sft_steps)
     return metrics
-
-
-def _reset_adam_state(optimizer: Any) -> None:
-    """Drop the warm start's Adam moments so RL starts from fresh optimizer statistics."""
-    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = getattr(opt, "optimizer", None)
-        if inner is not None:
-            inner.state.clear()

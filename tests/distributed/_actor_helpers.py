@@ -108,9 +108,24 @@ def name_init(spec: ArchSpec, groups: ParallelGroups, seed: int = 7):
     return init
 
 
+def _gather_sharded_grads(actor: MegatronActor) -> None:
+    """Distributed optimizer: after the reduce-scatter each DP rank holds only its shard of every
+    bucket's reduced grads (the rest is its local partial sum); all-gather the shards in place so
+    every ``main_grad`` is the reduced one. Harmless for the step: each rank reads its own shard."""
+    for c in actor.chunks:
+        for bg in c.bucket_groups + c.expert_parallel_bucket_groups:
+            group = bg.intra_distributed_optimizer_instance_group
+            n, r = group.size(), group.rank()
+            for bucket in bg.buckets:
+                own = bucket.grad_data.view(n, -1)[r].clone()
+                dist.all_gather_into_tensor(bucket.grad_data, own, group=group)
+
+
 def full_tensors(actor: MegatronActor, *, grads: bool) -> dict[str, torch.Tensor]:
     """Every parameter (or its main_grad) merged over TP/EP/PP, keyed by global name, on all ranks."""
     groups, spec = actor.groups, actor.spec
+    if grads and actor.cfg.parallel.distributed_optimizer and groups.dp > 1:
+        _gather_sharded_grads(actor)
     local: dict[str, torch.Tensor] = {}
     for c in actor.chunks:
         for name, p in c.module.named_parameters():

@@ -5,8 +5,6 @@ clearly on the sender without deadlocking the other ranks."""
 
 from __future__ import annotations
 
-from functools import partial
-
 import pytest
 import torch
 
@@ -17,7 +15,7 @@ SPEC = ArchSpec(family="qwen2", num_layers=2, hidden_size=128, ffn_hidden_size=1
                 num_query_groups=2, kv_channels=32, vocab_size=251, max_position_embeddings=64,
                 add_qkv_bias=True, tie_word_embeddings=True)
 PROMPTS = [[5, 17, 33, 2, 9, 100], [250, 1, 42, 42, 7, 3], [60, 61, 62, 63, 64, 65]]
-MAX_TOKENS, TEMP, LR = 6, 0.8, 0.5
+MAX_TOKENS, TEMP, LR = 6, 0.8, 0.05
 BUCKET = 160_000  # bytes: > the 251x128 fp32 embedding (128,512 B), small enough for several buckets
 
 

@@ -33,7 +33,7 @@ def saved(tmp_path_factory):
 def test_hf_keys_and_shapes_equal_save_pretrained(saved, family):
     spec = arch_spec_from_hf(saved[family])
     with safe_open(str(saved[family] / "model.safetensors"), framework="pt") as f:
-        on_disk = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        on_disk = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
     keys = hf_state_dict_keys(spec)
     assert len(keys) == len(set(keys)) and set(keys) == set(on_disk)
     assert all(hf_shape(k, spec) == on_disk[k] for k in keys)

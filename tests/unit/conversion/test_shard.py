@@ -5,8 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_maspo.conversion.shard import (gated_merge, gated_shard, pad_vocab, qkv_fuse, qkv_merge,
-                                             qkv_shard, qkv_split, tp_merge, tp_shard, unpad_vocab)
+from megatron_maspo.conversion.shard import (
+    gated_merge,
+    gated_shard,
+    pad_vocab,
+    qkv_fuse,
+    qkv_merge,
+    qkv_shard,
+    qkv_split,
+    tp_merge,
+    tp_shard,
+    unpad_vocab,
+)
 
 GEN = torch.Generator().manual_seed(0)
 

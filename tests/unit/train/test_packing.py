@@ -80,6 +80,28 @@ def test_plan_is_a_partition_and_counts_globally():
     assert plans[0].num_seqs_global == 6
 
 
+def test_equal_rows_pad_every_dp_rank_to_the_longest_row():
+    s = _samples([(3, 5), (4, 2), (2, 9), (5, 1), (3, 3), (2, 6)])
+    lens, _ = trim_lengths(s, 12)
+    kw = dict(dp=2, budget=12)
+    plain = [plan_mini_batch(s, list(range(6)), lens, dp_rank=r, **kw) for r in (0, 1)]
+    padded = [plan_mini_batch(s, list(range(6)), lens, dp_rank=r, equal_rows=True, **kw)
+              for r in (0, 1)]
+    for k in range(len(plain[0].micro_batches)):
+        want = max(p.micro_batches[k].tokens.numel() for p in plain)
+        assert {p.micro_batches[k].tokens.numel() for p in padded} == {want}
+        for a, b in zip(plain, padded):
+            x, y = a.micro_batches[k], b.micro_batches[k]
+            n = x.tokens.numel()
+            # the real part is unchanged; the padding is its own attention block, never trained
+            assert torch.equal(y.tokens[:n], x.tokens) and torch.equal(y.resp_index, x.resp_index)
+            assert y.seq_lens[:len(x.seq_lens)] == x.seq_lens and sum(y.seq_lens) == want
+            assert y.position_ids[n:].tolist() == list(range(want - n))
+            assert y.num_tokens == x.num_tokens and torch.equal(y.labels, x.labels)
+    assert any(len(p.micro_batches[k].seq_lens) > len(q.micro_batches[k].seq_lens)
+               for p, q in zip(padded, plain) for k in range(len(p.micro_batches)))
+
+
 def test_filler_micro_batch_is_masked():
     mb = build_micro_batch(_samples([(1, 1)]), [], [1])
     assert mb.num_tokens == 0 and mb.loss_mask.sum() == 0 and mb.tokens.numel() == 1
