@@ -27,7 +27,7 @@ def config() -> MaspoConfig:
         # A bare prompt (no chat template): short rows keep a CPU step around a second.
         data=DataConfig(source="synthetic", num_examples=200, max_operand=9, max_prompt_tokens=128,
                         apply_chat_template=False),
-        train=TrainConfig(steps=50, prompts_per_step=32, mini_batches_per_step=4, sft_steps=150,
+        train=TrainConfig(steps=60, prompts_per_step=32, mini_batches_per_step=4, sft_steps=100,
                           sft_lr=3e-3, max_tokens_per_micro_batch=256),
         checkpoint=CheckpointConfig(run_dir="runs/tiny", save_every=10),
     )

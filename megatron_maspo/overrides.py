@@ -27,9 +27,9 @@ def _coerce(key: str, text: Any, tp: Any) -> Any:
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
         args = [a for a in get_args(tp) if a is not type(None)]
-        if isinstance(text, str) and text.strip().lower() in _NONE_WORDS or text is None:
-            if type(None) in get_args(tp):
-                return None
+        says_none = text is None or (isinstance(text, str) and text.strip().lower() in _NONE_WORDS)
+        if says_none and type(None) in get_args(tp):
+            return None
         errors = []
         for a in args:
             try:

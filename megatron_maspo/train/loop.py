@@ -189,16 +189,20 @@ class Trainer:
         from megatron_maspo.train.checkpoint import save_checkpoint
 
         state = {"step": self.step, "sft_done": self.sft_done, **self.order.state()}
-        save_checkpoint(self.actor, self.run_dir / CHECKPOINT_SUBDIR, self.step, data_state=state,
-                        keep_last=self.cfg.checkpoint.keep_last)
+        path = save_checkpoint(self.actor, self.run_dir / CHECKPOINT_SUBDIR, self.step,
+                               data_state=state, keep_last=self.cfg.checkpoint.keep_last)
+        if self.rank == 0:
+            _write_export_assets(path, self.spec, self.tokenizer)
+        if dist.is_initialized():
+            dist.barrier()
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> Path:
         from megatron_maspo.reward.math_reward import MathReward
         from megatron_maspo.train.console import StepPrinter
+        from megatron_maspo.train.sft import sft_warm_start
         from megatron_maspo.train.signals import StopRequest
         from megatron_maspo.train.sinks import build_sink
-        from megatron_maspo.train.sft import sft_warm_start
 
         cfg, tc = self.cfg, self.cfg.train
         stop = StopRequest()
@@ -272,6 +276,19 @@ class Trainer:
         if self.rank == 0 and self.reward_fn is not None:
             metrics.update({f"reward/{k}_total": float(v) for k, v in self.reward_fn.totals.items()})
         return metrics
+
+
+def _write_export_assets(path: Path, spec, tokenizer) -> None:
+    """Architecture + tokenizer beside the shards, so ``maspo convert megatron-to-hf`` takes a training
+    checkpoint as it is (the same layout ``conversion/dist_ckpt.py`` writes)."""
+    import json
+
+    from megatron_maspo.conversion.dist_ckpt import ARCH_FILE, ASSETS_DIR
+
+    tmp = path / f"{ARCH_FILE}.tmp"
+    tmp.write_text(json.dumps(dataclasses.asdict(spec), indent=2))
+    tmp.replace(path / ARCH_FILE)
+    tokenizer.save_pretrained(str(path / ASSETS_DIR))
 
 
 def _rename_actor_metrics(m: dict[str, float]) -> dict[str, float]:

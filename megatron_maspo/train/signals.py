@@ -7,6 +7,7 @@ on the flag with one all-reduce per step so all of them stop after the same step
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 from types import FrameType
@@ -24,10 +25,9 @@ class StopRequest:
         self.requested: int | None = None
         self._prev = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
+            # signal.signal raises ValueError outside the main thread (e.g. a test runner's thread).
+            with contextlib.suppress(ValueError):
                 self._prev[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (e.g. inside a test runner thread)
-                pass
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested is not None and signum == signal.SIGINT:

