@@ -103,8 +103,9 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
             moe_router_pre_softmax=not spec.moe_norm_topk_prob,
             moe_router_load_balancing_type="none",
             moe_aux_loss_coeff=opts.moe_aux_loss_coeff,
-            # gloo's all_to_all_single rejects the split sizes Megatron's alltoall dispatcher passes:
-            # use the allgather dispatcher (also EP-capable) on CPU.
+            # On CPU Megatron's alltoall dispatcher hands all_to_all_single its split sizes as tensors,
+            # which the CPU build refuses (TypeError); use the allgather dispatcher (also EP-capable),
+            # which needs equal token counts per EP rank: the actor pads rows (train/packing.py).
             moe_token_dispatcher_type="alltoall" if opts.ep > 1 and on_gpu else "allgather",
             moe_grouped_gemm=False,
             moe_shared_expert_intermediate_size=spec.moe_shared_expert_intermediate_size,

@@ -83,7 +83,6 @@ class Trainer:
         self.engine = build_engine(cfg, self.spec, self.tokenizer) if self.rank == 0 else None
         self.examples = self._load_examples()
         self.step = 0
-        self.version = 0
         ckpts = list_checkpoints(self.run_dir / CHECKPOINT_SUBDIR)
         state: dict = {}
         if resume:
@@ -96,6 +95,10 @@ class Trainer:
         elif ckpts:
             raise ValueError(f"{self.run_dir} already holds checkpoints: pass --resume {self.run_dir} "
                              "or choose another checkpoint.run_dir")
+        # Weight versions count syncs: the initial one, then one per step. A resumed run's fresh engine
+        # counts from 0 again, so its tags are offset by the steps already done.
+        self.version = self.step
+        self._engine_version_offset = self.step
         self.order = PromptOrder(len(self.examples), cfg.train.seed, state.get("epoch", 0),
                                  state.get("cursor", 0))
         self.sft_done = bool(state.get("sft_done", False))
@@ -145,7 +148,8 @@ class Trainer:
                     continue  # DAPO overlong filtering: truncated responses are not trained on
                 samples.append(Sample(prompt_ids=g.prompt_ids, response_ids=list(c.token_ids),
                                       advantage=float(adv[p, j]), prompt_index=p,
-                                      rollout_logprobs=list(c.logprobs), policy_version=c.policy_version,
+                                      rollout_logprobs=list(c.logprobs),
+                                      policy_version=c.policy_version + self._engine_version_offset,
                                       reward=g.rewards_G[j], finish_reason=c.finish_reason))
         return samples
 
