@@ -79,7 +79,11 @@ class MegatronActor:
         self.opts = ModelBuildOptions(
             tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, bf16=cfg.model.bf16, recompute=cfg.model.recompute,
             make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
-            calculate_per_token_loss=True)
+            calculate_per_token_loss=True,
+            # Packed rows rely on an explicit block-causal mask, which the local spec honours. TE's
+            # attention needs thd PackedSeqParams for packing instead; until that path is wired and
+            # tested, the actor always builds the local spec (TE remains available to other callers).
+            use_te=False)
         chunks = build_model_chunks(spec, self.opts, pp_rank=groups.pp_rank)
         for c in chunks:
             # packed rows differ in length: PP stages exchange shapes first
