@@ -1,13 +1,14 @@
 """``maspo eval``: Avg@k and unbiased Pass@k of a trained checkpoint, through the rollout engine.
 
-    maspo eval runs/tiny                                  # held-out synthetic problems, k=8
+    maspo eval runs/tiny                                  # a fresh synthetic draw, k=8
     maspo eval runs/qwen7b --data aime24.jsonl --data math500.jsonl --k 32 --max-new-tokens 8192
     torchrun --nproc-per-node 8 -m megatron_maspo.cli.main eval runs/qwen7b --data aime24.jsonl
 
 Loads the run's config.yaml, builds the actor at the run's layout, loads the latest (or the given)
 checkpoint, syncs it into the engine and samples k responses per problem. Benchmark files are local
 files in any format the data loaders read (AIME / AMC / MATH500 / Minerva / OlympiadBench field names
-are detected). Without ``--data`` a held-out synthetic set (a different seed) is used.
+are detected). Without ``--data`` a fresh draw of the run's synthetic task (another seed) is used; for
+the single-digit task that draw overlaps the training problems (there are only 100 distinct sums).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", help="run directory (holds config.yaml and checkpoints/)")
     p.add_argument("--checkpoint", default=None, help="checkpoint folder (default: the latest)")
     p.add_argument("--data", action="append", default=[], metavar="FILE",
-                   help="benchmark file (jsonl/json/parquet); repeatable; default: held-out synthetic")
+                   help="benchmark file (jsonl/json/parquet); repeatable; default: a fresh synthetic draw")
     p.add_argument("--k", type=int, default=8, help="samples per problem (default 8)")
     p.add_argument("--temperature", type=float, default=None, help="default: the run's rollout temperature")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's max_new_tokens")
-    p.add_argument("--num-problems", type=int, default=64, help="held-out synthetic problems (default 64)")
+    p.add_argument("--num-problems", type=int, default=64, help="synthetic problems drawn (default 64)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the run's config")
@@ -39,8 +40,8 @@ def _datasets(cfg, args, tokenizer) -> dict:
     from megatron_maspo.data.dataset import build_prompt_dataset
 
     if not args.data:
-        held_out = dataclasses.replace(cfg.data, num_examples=args.num_problems, seed=cfg.data.seed + 10_007)
-        return {"synthetic_heldout": build_prompt_dataset(held_out, tokenizer)[0]}
+        redraw = dataclasses.replace(cfg.data, num_examples=args.num_problems, seed=cfg.data.seed + 10_007)
+        return {"synthetic_redraw": build_prompt_dataset(redraw, tokenizer)[0]}
     out = {}
     for f in args.data:
         if not Path(f).exists():

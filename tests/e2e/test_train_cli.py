@@ -71,6 +71,15 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     assert [r["step"] for r in rc] == [0, 1, 2, 3]
     assert [_comparable(r) for r in ra] == [_comparable(r) for r in rc]
     assert (part / "checkpoints" / "step_4").is_dir()
+    # maspo eval: Avg@k / Pass@k of the trained checkpoint through the engine, as a table and JSON.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ev = subprocess.run([sys.executable, "-m", "megatron_maspo.cli.main", "eval", str(part), "--k", "2",
+                         "--num-problems", "4", "--json", str(tmp_path / "eval.json")],
+                        capture_output=True, text=True, timeout=600, env=env)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    assert "avg@2" in ev.stdout and "pass@2" in ev.stdout
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert report["k"] == 2 and len(report["num_correct"]["synthetic_redraw"]) == 4
 
 
 def _wait_for_steps(run_dir: Path, n: int, proc: subprocess.Popen, timeout: float) -> None:
