@@ -45,14 +45,6 @@ def padded_vocab_size(spec: ArchSpec, opts: ModelBuildOptions) -> int:
     return spec.padded_vocab_size(opts.tp, opts.make_vocab_size_divisible_by)
 
 
-def te_available() -> bool:
-    try:
-        import transformer_engine  # noqa: F401
-    except Exception:
-        return False
-    return torch.cuda.is_available()
-
-
 def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
     """Megatron ``TransformerConfig`` for ``spec`` under ``opts`` (after ``validate_layout``)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -121,6 +113,8 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
 
 def layer_spec(spec: ArchSpec, opts: ModelBuildOptions):
     """The transformer layer spec: TE when requested/available, else Megatron's local spec."""
+    from megatron_maspo.model.te_spec import te_available
+
     use_te = te_available() if opts.use_te is None else opts.use_te
     if use_te:
         from megatron_maspo.model.te_spec import te_layer_spec

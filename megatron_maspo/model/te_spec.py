@@ -6,7 +6,18 @@ by tests marked ``te``.
 
 from __future__ import annotations
 
+import torch
+
 from megatron_maspo.model.spec import ArchSpec
+
+
+def te_available() -> bool:
+    """True when Transformer Engine imports and CUDA is present (TE has no CPU kernels)."""
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:
+        return False
+    return torch.cuda.is_available()
 
 
 def te_layer_spec(spec: ArchSpec):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
 from functools import partial
 
 import torch
@@ -11,6 +10,7 @@ import torch.distributed as dist
 from megatron_maspo.model.provider import ModelBuildOptions, build_model_chunks
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.groups import ParallelGroups, init_parallel
+from tests.distributed._actor_helpers import _merge, global_name, name_init
 
 
 def make_batches(vocab: int, n_micro: int, b: int, s: int, seed: int = 0) -> list[dict]:
@@ -30,50 +30,8 @@ def build(spec: ArchSpec, tp: int, pp: int, *, divisible_by: int, seed: int = 7)
     torch.manual_seed(seed)
     opts = ModelBuildOptions(tp=tp, pp=pp, make_vocab_size_divisible_by=divisible_by)
     chunks = build_model_chunks(spec, opts, pp_rank=groups.pp_rank)
-    for m in chunks:
-        for name, p in m.named_parameters():
-            gname = _global_name(name, groups, spec)
-            full_shape = list(p.shape)
-            tp_split = getattr(p, "tensor_model_parallel", False) and groups.tp > 1
-            if tp_split:
-                full_shape[p.partition_dim] *= groups.tp
-            g = torch.Generator().manual_seed(zlib.crc32(gname.encode()) + seed)
-            full = torch.randn(full_shape, generator=g) * 0.05
-            if name.endswith("layernorm.weight") or ".norm.weight" in name or name.endswith("final_layernorm.weight"):
-                full = 1.0 + full
-            with torch.no_grad():
-                p.copy_(_shard(name, full, p, groups) if tp_split else full)
+    name_init(spec, groups, seed)(chunks)
     return groups, chunks
-
-
-def _global_name(name: str, groups: ParallelGroups, spec: ArchSpec) -> str:
-    if name == "output_layer.weight" and spec.tie_word_embeddings:
-        return "embedding.word_embeddings.weight"  # the last stage's copy of the tied embedding
-    if name.startswith("decoder.layers."):
-        parts = name.split(".")
-        idx = int(parts[2]) + groups.pp_rank * (spec.num_layers // groups.pp)
-        return ".".join(["decoder.layers", str(idx), *parts[3:]])
-    return name
-
-
-def _is_glu(name: str) -> bool:
-    # Megatron keeps [gate_local; up_local] on every TP rank for a gated fc1.
-    return "linear_fc1" in name
-
-
-def _shard(name: str, full: torch.Tensor, p, groups: ParallelGroups) -> torch.Tensor:
-    dim, r, t = p.partition_dim, groups.tp_rank, groups.tp
-    if _is_glu(name):
-        gate, up = full.chunk(2, dim=dim)
-        return torch.cat([gate.chunk(t, dim=dim)[r], up.chunk(t, dim=dim)[r]], dim=dim)
-    return full.chunk(t, dim=dim)[r]
-
-
-def _merge(name: str, parts: list[torch.Tensor], dim: int) -> torch.Tensor:
-    if _is_glu(name):
-        halves = [x.chunk(2, dim=dim) for x in parts]
-        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=dim)
-    return torch.cat(parts, dim=dim)
 
 
 def run_schedule(chunks: list, batches: list[dict], seq_len: int, micro_b: int) -> list[float]:
@@ -115,7 +73,7 @@ def full_named_grads(chunks: list, groups: ParallelGroups, spec: ArchSpec) -> di
                 parts = [torch.empty_like(g) for _ in range(groups.tp)]
                 dist.all_gather(parts, g.contiguous(), group=groups.tp_group)
                 g = _merge(name, parts, p.partition_dim)
-            name = _global_name(name, groups, spec)
+            name = global_name(name, groups, spec)
             if name == "output_layer.weight" and spec.tie_word_embeddings:
                 continue  # PP > 1: the tied copy; its grad was summed into the embedding's
             local[name] = g
