@@ -276,6 +276,7 @@ class Trainer:
         metrics = {**group_metrics(seen, max_new_tokens=cfg.rollout.max_new_tokens),
                    **_rename_actor_metrics(actor_metrics), **mismatch, **self.timings,
                    "rollout/dropped_groups": float(dropped), "rollout/policy_version": float(self.version),
+                   "data/skipped_rows": float(sum(self.data_skips.values())),
                    "time/step": time.perf_counter() - t_start}
         if self.rank == 0 and self.reward_fn is not None:
             metrics.update({f"reward/{k}_total": float(v) for k, v in self.reward_fn.totals.items()})
