@@ -8,12 +8,14 @@ unchanged; only the learning rate differs, set directly and restored from the sc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 import torch
 
 from megatron_maspo.config import MaspoConfig
+from megatron_maspo.loss.config import LossConfig
 from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
 from megatron_maspo.train.packing import plan_mini_batch, trim_lengths
 from megatron_maspo.train.samples import Sample
@@ -44,6 +46,22 @@ def sft_warm_start(actor: Any, examples: list, tokenizer: Any, cfg: MaspoConfig,
 
         it = tqdm(it, desc="sft warm start", leave=False)
     metrics: dict[str, float] = {}
+    # The warm start must not depend on the RL method: PPO-clip at rho = 1 has exactly the NLL gradient,
+    # whereas e.g. QUATRO's per-prompt terms do not. Swap the loss for the warm start only.
+    rl_cfg = actor.cfg
+    actor.cfg = dataclasses.replace(rl_cfg, loss=LossConfig(method="grpo", aggregation="token-mean"))
+    try:
+        metrics = _sft_steps(actor, examples, tokenizer, tc, it, g, batch)
+    finally:
+        actor.cfg = rl_cfg
+    actor.scheduler.step(increment=0)  # back to the RL learning rate (see below on Adam's moments)
+    logger.info("sft warm start: %d steps done", tc.sft_steps)
+    return metrics
+
+
+def _sft_steps(actor: Any, examples: list, tokenizer: Any, tc: Any, it: Any, g: torch.Generator,
+               batch: int) -> dict[str, float]:
+    metrics: dict[str, float] = {}
     for _ in it:
         idx = torch.randint(len(examples), (batch,), generator=g).tolist()
         samples = sft_samples(examples, tokenizer, idx)
@@ -59,8 +77,6 @@ def sft_warm_start(actor: Any, examples: list, tokenizer: Any, cfg: MaspoConfig,
         with spoof_tensor_type():
             actor.optimizer.step()
         metrics = {k: float(v) for k, v in ctx.metrics.items()} if ctx.metrics else {}
-    # Back to the RL learning rate. Adam's moments are kept: reset moments make the first RL updates
-    # ~lr per parameter whatever the gradient (sign-like), which wrecked the warm-started policy.
-    actor.scheduler.step(increment=0)
-    logger.info("sft warm start: %d steps done", tc.sft_steps)
+    # Adam's moments are kept for RL: reset moments make the first RL updates ~lr per parameter
+    # whatever the gradient (sign-like), which wrecked the warm-started policy.
     return metrics
