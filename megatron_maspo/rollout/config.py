@@ -29,8 +29,9 @@ class RolloutConfig:
     """vLLM only: fraction of GPU memory for weights + KV cache (colocated with the trainer)."""
     vllm_tp: int = 1
     """vLLM only: the engine's own tensor-parallel size."""
-    vllm_sleep_level: int = 2
-    """vLLM only: sleep level between rollouts (2 drops weights and KV; they are re-synced anyway)."""
+    sleep_level: int = 2
+    """Engine sleep between a rollout and the next weight sync (colocation): 2 drops weights and KV cache
+    (they are re-synced anyway), 1 offloads weights and drops the KV cache."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -45,5 +46,5 @@ class RolloutConfig:
             raise ValueError(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.bucket_mb <= 0:
             raise ValueError(f"rollout.bucket_mb must be > 0, got {self.bucket_mb}")
-        if self.vllm_sleep_level not in (1, 2):
-            raise ValueError(f"rollout.vllm_sleep_level={self.vllm_sleep_level}; accepted: 1, 2")
+        if self.sleep_level not in (1, 2):
+            raise ValueError(f"rollout.sleep_level={self.sleep_level}; accepted: 1, 2")

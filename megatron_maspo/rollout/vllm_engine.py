@@ -146,6 +146,7 @@ class VllmEngine:
 
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # loopback only: no network on the rollout box
         self._on_gpu = torch.cuda.is_available()
+        self._asleep = 0
         kwargs: dict[str, Any] = dict(
             model=model_dir, skip_tokenizer_init=True, dtype=dtype, load_format=load_format, seed=seed,
             max_model_len=max_model_len, enforce_eager=not self._on_gpu, worker_extension_cls=EXTENSION,
@@ -199,6 +200,9 @@ class VllmEngine:
     def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
         """Stream buckets into every worker, finish the layer-wise reload, reset the prefix cache."""
         self._stale = True  # until this sync completes, the weights are a mix of old and new
+        if self._on_gpu and self._asleep:
+            # verl's colocated order: weights back first, load them, only then the KV cache.
+            self.llm.wake_up(tags=["weights"])
         self.llm.collective_rpc("maspo_begin_sync")
         try:
             for b in buckets:
@@ -207,6 +211,9 @@ class VllmEngine:
         except Exception:
             self.llm.collective_rpc("maspo_abort_sync")
             raise
+        if self._on_gpu and self._asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._asleep = 0
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self._stale = False
         self._version += 1
@@ -219,13 +226,15 @@ class VllmEngine:
         if level not in (1, 2):
             raise ValueError(f"sleep level={level}; accepted: 1, 2")
         if not self._on_gpu:
-            logger.info("vLLM sleep mode needs CUDA; sleep(%d) is a no-op on the CPU backend", level)
+            logger.debug("vLLM sleep mode needs CUDA; sleep(%d) is a no-op on the CPU backend", level)
             return
         self.llm.sleep(level=level)
+        self._asleep = level
 
     def wake_up(self) -> None:
-        if self._on_gpu:
+        if self._on_gpu and self._asleep:
             self.llm.wake_up()
+            self._asleep = 0
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         import vllm

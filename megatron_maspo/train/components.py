@@ -45,8 +45,20 @@ def build_policy_source(cfg: MaspoConfig, groups) -> tuple[Any, ArchSpec, Any]:
                                 "with config.json")
     tok = AutoTokenizer.from_pretrained(str(src))
     spec = arch_spec_from_hf(str(src))
-    init = None if cfg.model.megatron_checkpoint else partial(_load_hf, spec=spec, groups=groups, src=src)
+    if cfg.model.megatron_checkpoint:
+        init = partial(_load_megatron, path=cfg.model.megatron_checkpoint)
+    else:
+        init = partial(_load_hf, spec=spec, groups=groups, src=src)
     return tok, spec, init
+
+
+def _load_megatron(chunks, *, path):
+    """Initial weights from a Megatron dist-checkpoint (any TP/PP layout), before DDP and optimizer."""
+    from megatron_maspo.conversion.dist_ckpt import load_model_checkpoint
+
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"model.megatron_checkpoint={path!r}: no such checkpoint folder")
+    load_model_checkpoint(chunks, path)
 
 
 def _load_hf(chunks, *, spec, groups, src):

@@ -70,8 +70,6 @@ class TrainConfig:
     """Tokens per chunk in the fused log-prob/entropy kernel."""
     reference_model: bool = False
     """Keep a frozen reference model for a KL term (only needed when loss.kl_coef > 0)."""
-    eval_every: int = 0
-    """Evaluate Avg@k on the held-out set every N steps (0 = never)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "mini_batches_per_step", "max_tokens_per_micro_batch",
@@ -81,8 +79,8 @@ class TrainConfig:
         if self.prompts_per_step % self.mini_batches_per_step:
             raise ValueError(f"train.prompts_per_step={self.prompts_per_step} must be divisible by "
                              f"train.mini_batches_per_step={self.mini_batches_per_step}")
-        if self.sft_steps < 0 or self.overlong_buffer < 0 or self.eval_every < 0:
-            raise ValueError("train.sft_steps, train.overlong_buffer and train.eval_every must be >= 0")
+        if self.sft_steps < 0 or self.overlong_buffer < 0:
+            raise ValueError("train.sft_steps and train.overlong_buffer must be >= 0")
 
 
 @dataclass(kw_only=True)

@@ -183,6 +183,8 @@ class Trainer:
         from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
 
         dtype = torch.bfloat16 if self.cfg.model.bf16 else torch.float32
+        if self.engine is not None and self.version > 0 and self.cfg.rollout.sleep_level == 1:
+            self.engine.wake_up()  # level 1 kept (offloaded) weights; level 2 is woken by the load
         stats = sync_weights(self.actor.named_modules_unwrapped(), self.spec, self.groups, self.engine,
                              bucket_bytes=bucket_bytes_from_mb(self.cfg.rollout.bucket_mb), dtype=dtype,
                              verify_checksums=self.cfg.rollout.verify_checksums)
@@ -266,6 +268,9 @@ class Trainer:
         # Round down so every mini-batch holds the same number of prompts.
         kept = kept[: max(tc.mini_batches_per_step,
                           len(kept) // tc.mini_batches_per_step * tc.mini_batches_per_step)]
+        if self.engine is not None:
+            # Colocation: free the engine's memory for the update; the sync below refills its weights.
+            self.engine.sleep(cfg.rollout.sleep_level)
         samples = self.build_samples(kept)
         _version_check(samples, self.version, cfg)
         t0 = time.perf_counter()
