@@ -34,7 +34,8 @@ def build_policy_source(cfg: MaspoConfig, groups) -> tuple[Any, ArchSpec, Any]:
         tok = build_byte_tokenizer()
         spec = tiny_qwen2_spec(vocab_size=len(tok), num_layers=cfg.model.tiny_num_layers,
                                hidden_size=cfg.model.tiny_hidden_size)
-        return tok, spec, None
+        ckpt = cfg.model.megatron_checkpoint
+        return tok, spec, (partial(_load_megatron, path=ckpt) if ckpt else None)
     from transformers import AutoTokenizer
 
     from megatron_maspo.model.hf_config import arch_spec_from_hf
