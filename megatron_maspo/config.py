@@ -12,7 +12,6 @@ import importlib.util
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from megatron_maspo.data.config import DataConfig
 from megatron_maspo.loss.config import LossConfig
@@ -131,7 +130,3 @@ def resolve_config(recipe: str | None, config_path: str | None, overrides: list[
     cfg = apply_overrides(cfg, overrides)
     # Re-run cross-section validation after overrides.
     return dataclasses.replace(cfg)
-
-
-def config_to_dict(cfg: MaspoConfig) -> dict[str, Any]:
-    return to_dict(cfg)

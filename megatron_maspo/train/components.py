@@ -97,6 +97,7 @@ class PromptOrder:
         return torch.randperm(self.n, generator=g).tolist()
 
     def take(self, k: int) -> list[int]:
+        """The next ``k`` dataset indices, reshuffling at each epoch boundary."""
         out = []
         while len(out) < k:
             if self.cursor >= self.n:
@@ -107,4 +108,5 @@ class PromptOrder:
         return out
 
     def state(self) -> dict[str, int]:
+        """Resumable position: ``{"epoch", "cursor"}``."""
         return {"epoch": self.epoch, "cursor": self.cursor}

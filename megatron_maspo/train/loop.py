@@ -140,6 +140,7 @@ class Trainer:
         return broadcast_object(groups)
 
     def build_samples(self, groups: list[PromptGroup]) -> list[Sample]:
+        """One ``Sample`` per kept response, with its group advantage ``adv[P, G]`` (same on every rank)."""
         adv = compute_advantages(self.cfg.loss, rewards_tensor(groups))
         samples = []
         for p, g in enumerate(groups):
@@ -180,6 +181,7 @@ class Trainer:
         return out
 
     def sync(self) -> float:
+        """Push the actor's weights into the engine (collective over all ranks); returns seconds on rank 0."""
         from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
 
         dtype = torch.bfloat16 if self.cfg.model.bf16 else torch.float32
@@ -192,6 +194,7 @@ class Trainer:
         return stats.seconds
 
     def save(self) -> None:
+        """Collective checkpoint of model, optimizer, RNG and data position at ``self.step``."""
         from megatron_maspo.train.checkpoint import save_checkpoint
 
         state = {"step": self.step, "sft_done": self.sft_done, **self.order.state()}
@@ -204,6 +207,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> Path:
+        """Warm start (once), initial sync, then RL steps until done or a stop signal; returns the run dir."""
         from megatron_maspo.reward.math_reward import MathReward
         from megatron_maspo.train.console import StepPrinter
         from megatron_maspo.train.sft import sft_warm_start
@@ -248,6 +252,7 @@ class Trainer:
         return self.run_dir
 
     def train_one_step(self) -> dict[str, float]:
+        """Generate, grade, filter, train and sync once; returns this step's metrics (same on every rank)."""
         cfg, tc = self.cfg, self.cfg.train
         self.timings = {k: 0.0 for k in ("time/generate", "time/grade", "time/train", "time/sync")}
         t_start = time.perf_counter()

@@ -37,11 +37,13 @@ class StopRequest:
                        signal.Signals(signum).name)
 
     def should_stop(self, group=None) -> bool:
+        """Collective over ``group`` (default: the world): True on every rank if any rank got a signal."""
         flag = torch.tensor([1.0 if self.requested is not None else 0.0])
         if dist.is_initialized() and dist.get_world_size(group) > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         return bool(flag.item() > 0)
 
     def restore(self) -> None:
+        """Reinstall the handlers that were active before."""
         for sig, h in self._prev.items():
             signal.signal(sig, h)
