@@ -1,6 +1,6 @@
 """The root configuration: one dataclass per component, composed; YAML round-trip; recipe loading.
 
-A recipe is a Python function returning a :class:`MaspoConfig` (``examples/tiny.py: config``). The
+A recipe is a Python function returning a :class:`MaspoConfig` (``megatron_maspo/recipes/tiny.py: config``). The
 resolved config is written to ``<run_dir>/config.yaml`` and loads back with :func:`load_config`.
 """
 
@@ -21,8 +21,6 @@ from megatron_maspo.parallel.config import ParallelConfig
 from megatron_maspo.reward.config import RewardConfig
 from megatron_maspo.rollout.config import RolloutConfig
 from megatron_maspo.train.config import CheckpointConfig, LoggingConfig, OptimConfig, TrainConfig
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(kw_only=True)
@@ -81,33 +79,40 @@ def load_config(path: str | Path) -> MaspoConfig:
 
 
 def list_recipes() -> list[str]:
-    """Names of the recipes in ``examples/`` (each a module with a ``config()`` function)."""
-    return sorted(p.stem for p in (REPO_ROOT / "examples").glob("*.py") if not p.stem.startswith("_"))
+    """Names of the packaged recipes (modules of ``megatron_maspo.recipes`` with a ``config()`` function)."""
+    import pkgutil
+
+    import megatron_maspo.recipes as recipes
+
+    return sorted(m.name for m in pkgutil.iter_modules(recipes.__path__)
+                  if not m.name.startswith("_") and m.name != "base")
 
 
 def load_recipe(name: str) -> MaspoConfig:
-    """Resolve a recipe: ``tiny`` (examples/tiny.py), ``path/to/file.py[:fn]`` or ``pkg.module[:fn]``.
+    """Resolve a recipe: a packaged name (``tiny``), ``path/to/file.py[:fn]`` or ``pkg.module[:fn]``.
 
     Raises:
         ValueError: unknown recipe (lists the available ones) or a function that returns no MaspoConfig.
     """
     target, _, fn_name = name.partition(":")
     fn_name = fn_name or "config"
-    candidates = [Path(target), REPO_ROOT / "examples" / f"{target}.py", Path("examples") / f"{target}.py"]
     module = None
-    for c in candidates:
-        if c.suffix == ".py" and c.is_file():
-            # Like running the file as a script: its folder is importable, so recipes can share bases
-            # (examples/_base.py) with a plain ``from _base import ...``.
-            folder = str(c.resolve().parent)
-            if folder not in sys.path:
-                sys.path.insert(0, folder)
-            spec = importlib.util.spec_from_file_location(f"maspo_recipe_{c.stem}", c)
-            assert spec and spec.loader
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            break
-    if module is None:
+    path = Path(target)
+    if path.suffix == ".py":
+        if not path.is_file():
+            raise ValueError(f"recipe file not found: {path}")
+        # Like running the file as a script: its folder is importable, so a user's recipes can share a
+        # local base module with a plain ``from my_base import ...``.
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        spec = importlib.util.spec_from_file_location(f"maspo_recipe_{path.stem}", path)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    elif target in list_recipes():
+        module = importlib.import_module(f"megatron_maspo.recipes.{target}")
+    else:
         try:
             module = importlib.import_module(target)
         except ImportError:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from _base import MAX_PROMPT_TOKENS, paper_config
+from megatron_maspo.recipes.base import MAX_PROMPT_TOKENS, paper_config
 
 from megatron_maspo.config import MaspoConfig
 

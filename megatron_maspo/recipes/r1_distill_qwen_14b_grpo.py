@@ -7,7 +7,7 @@ same data, batch, optimizer and layout.
 
 from __future__ import annotations
 
-from _base import grpo, paper_config
+from megatron_maspo.recipes.base import grpo, paper_config
 
 from megatron_maspo.config import MaspoConfig
 

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from _base import paper_config
+from megatron_maspo.recipes.base import paper_config
 
 from megatron_maspo.config import MaspoConfig
 

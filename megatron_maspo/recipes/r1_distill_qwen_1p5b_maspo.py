@@ -9,7 +9,7 @@ models: --set loss.alpha=0.5).
 
 from __future__ import annotations
 
-from _base import paper_config
+from megatron_maspo.recipes.base import paper_config
 
 from megatron_maspo.config import MaspoConfig
 

@@ -9,7 +9,7 @@ parallelism, which MoE with TP needs). vLLM runs the model at TP 2.
 
 from __future__ import annotations
 
-from _base import paper_config
+from megatron_maspo.recipes.base import paper_config
 
 from megatron_maspo.config import MaspoConfig
 
