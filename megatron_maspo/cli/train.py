@@ -34,9 +34,15 @@ def run(args: argparse.Namespace) -> int:
     # Fail on bad input before any heavy work: data files must exist.
     from pathlib import Path
 
+    from megatron_maspo.plugins import is_target, resolve
+
     src = cfg.data.source
-    if src != "synthetic" and not src.startswith("reasoning_gym:") and not Path(src).exists():
+    if is_target(src) and not Path(src).exists() and not src.startswith("reasoning_gym:"):
+        resolve(src, "data.source")  # user hooks: import errors name the field, before any heavy work
+    elif src != "synthetic" and not src.startswith("reasoning_gym:") and not Path(src).exists():
         raise FileNotFoundError(f"data.source={src!r}: no such file")
+    if cfg.reward.grader:
+        resolve(cfg.reward.grader, "reward.grader")
     from megatron_maspo.train.loop import train
 
     run_dir = train(cfg, resume=bool(args.resume))

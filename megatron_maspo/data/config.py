@@ -14,7 +14,9 @@ class DataConfig:
 
     source: str = "synthetic"
     """``"synthetic"`` (in-code arithmetic, the CPU default), ``"reasoning_gym:<name>"`` (needs the
-    ``reasoning-gym`` extra) or a path to a ``.parquet`` / ``.jsonl`` / ``.json`` file."""
+    ``reasoning-gym`` extra), a path to a ``.parquet`` / ``.jsonl`` / ``.json`` file, or a user function
+    ``"module:function"`` called with this config and returning rows in a file's schemas (an iterable of
+    dicts; see ``examples/custom_dataset.py``)."""
     format: str = "auto"
     """Row schema of a file source: ``"dapo"`` (DAPO-Math-17k: ``prompt`` chat list or string,
     ``reward_model.ground_truth``, ``data_source``), ``"jsonl"`` (question/answer rows), ``"parquet"``

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from megatron_maspo.data.config import DataConfig
 from megatron_maspo.data.example import Example, SkipLog
-from megatron_maspo.data.loaders import load_file
+from megatron_maspo.data.loaders import load_file, rows_to_examples
 from megatron_maspo.data.synthetic import arithmetic_examples
+from megatron_maspo.plugins import is_target, resolve
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +36,11 @@ def load_examples(cfg: DataConfig, skips: SkipLog | None = None) -> list[Example
             skips=skips,
             **cfg.extra,
         )
+    if is_target(cfg.source) and not Path(cfg.source).exists():
+        # a user function returning rows with the same schemas as a file (see examples/custom_dataset.py)
+        rows = resolve(cfg.source, "data.source")(cfg)
+        return rows_to_examples(iter(rows), schema="dapo" if cfg.format == "dapo" else "auto",
+                                source=cfg.source.split(":")[0], skips=skips, limit=cfg.limit)
     return load_file(cfg.source, format=cfg.format, skips=skips, limit=cfg.limit)
 
 

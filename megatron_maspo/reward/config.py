@@ -36,6 +36,10 @@ class RewardConfig:
     ``MemoryError`` (status ``error``) instead of swapping the node. 0 = unlimited."""
     max_tasks_per_worker: int = 2000
     """Recycle a worker after this many items (bounds slow cache growth); 0 = never."""
+    grader: str = ""
+    """A user grader instead of math-verify: ``"module:function"`` with ``function(response: str, answer:
+    str) -> bool`` (True = correct). It runs in the same crash-proof pool (timeouts, crashes and exceptions
+    score ``incorrect_reward``); see ``examples/custom_reward.py``. Empty = math-verify."""
     start_method: str = "forkserver"
     """multiprocessing start method for the workers. ``forkserver`` forks replacements from a clean
     server that pre-imports math-verify (fast, and safe when the trainer process has threads)."""
@@ -69,6 +73,10 @@ class RewardConfig:
             raise ValueError(
                 f"RewardConfig.max_tasks_per_worker must be >= 0, got {self.max_tasks_per_worker}"
             )
+        if self.grader:
+            from megatron_maspo.plugins import check_target
+
+            check_target(self.grader, "reward.grader")
         if self.start_method not in START_METHODS:
             raise ValueError(
                 f"RewardConfig.start_method must be one of {START_METHODS}, got {self.start_method!r}"

@@ -29,6 +29,24 @@ def _grade(response: str, gold: str, policy: str, max_chars: int, timeout_s: flo
     return grade_math(response, gold, policy, max_chars, timeout_s)
 
 
+class UserGrade:
+    """Picklable grader for ``RewardConfig.grader``: calls the user's ``fn(response, answer) -> bool`` in
+    the pool workers (same signature as ``_grade``; the extraction settings are the user's business)."""
+
+    def __init__(self, target: str) -> None:
+        from megatron_maspo.plugins import resolve
+
+        resolve(target, "reward.grader")  # fail in the trainer, with the field named, not in a worker
+        self.target = target
+
+    def __call__(self, response: str, gold: str, policy: str, max_chars: int,
+                 timeout_s: float) -> GradeStatus:
+        from megatron_maspo.plugins import resolve
+
+        correct = resolve(self.target, "reward.grader")(response, gold)
+        return GradeStatus.CORRECT if correct else GradeStatus.WRONG
+
+
 class MathReward:
     """Math-Verify reward over a persistent :class:`GraderPool` (implements ``RewardFn``).
 
@@ -41,13 +59,16 @@ class MathReward:
         self.config = config
         self.totals: Counter[str] = Counter()
         """Lifetime ``GradeStatus`` counts across calls."""
+        preload = _GRADER_MODULE
+        if config.grader and grade_fn is _grade:
+            grade_fn, preload = UserGrade(config.grader), config.grader.split(":")[0]
         self._pool = GraderPool(
             grade_fn,
             num_workers=config.num_workers,
             timeout_s=config.timeout_s,
             start_method=config.start_method,
             warmup=(r"\boxed{\frac{1}{2}}", "0.5", config.fallback, config.max_chars, 5.0),
-            preload=(_GRADER_MODULE,),
+            preload=(preload,),
             max_worker_rss_mb=config.max_worker_rss_mb,
             max_tasks_per_worker=config.max_tasks_per_worker,
             address_space_mb=config.max_worker_address_space_mb,

@@ -27,6 +27,10 @@ class RolloutConfig:
     """Checksum every bucket on the sender and verify it on the engine side."""
     vllm_gpu_memory_utilization: float = 0.5
     """vLLM only: fraction of GPU memory for weights + KV cache (colocated with the trainer)."""
+    vllm_cpu_kv_cache_mb: int = 512
+    """vLLM on CPU only: KV-cache size in MiB. The CPU backend reads ``vllm_gpu_memory_utilization`` as a
+    fraction of the whole NUMA node, which fails on a small node and grabs gigabytes on a big one; a fixed
+    size starts anywhere with a few GB free (512 MiB holds 8192 fp32 tokens of SmolLM2-135M)."""
     vllm_tp: int = 1
     """vLLM only: the engine's own tensor-parallel size."""
     sleep_level: int = 2
@@ -46,5 +50,7 @@ class RolloutConfig:
             raise ValueError(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.bucket_mb <= 0:
             raise ValueError(f"rollout.bucket_mb must be > 0, got {self.bucket_mb}")
+        if self.vllm_cpu_kv_cache_mb < 1:
+            raise ValueError(f"rollout.vllm_cpu_kv_cache_mb must be >= 1, got {self.vllm_cpu_kv_cache_mb}")
         if self.sleep_level not in (1, 2):
             raise ValueError(f"rollout.sleep_level={self.sleep_level}; accepted: 1, 2")

@@ -135,13 +135,16 @@ class VllmEngine:
         model_dir: HF directory with at least ``config.json`` (weights may be absent with ``load_format="dummy"``).
         dtype: ``"float32"`` on CPU (exact parity tests), ``"bfloat16"`` on GPU.
         load_format: ``"dummy"`` (weights arrive by sync) or ``"auto"``.
-        seed, max_model_len, gpu_memory_utilization, tensor_parallel_size: passed to ``vllm.LLM``.
+        seed, max_model_len, gpu_memory_utilization, tensor_parallel_size: passed to ``vllm.LLM``
+            (``gpu_memory_utilization`` on GPU only).
+        cpu_kv_cache_bytes: CPU only: the KV cache in bytes (``kv_cache_memory_bytes``), independent of the
+            machine's size; the ``VLLM_CPU_KVCACHE_SPACE`` environment variable (GiB), if set, overrides it.
         **llm_kwargs: any further ``vllm.LLM`` argument.
     """
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", load_format: str = "dummy", seed: int = 0,
                  max_model_len: int = 512, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 **llm_kwargs: Any) -> None:
+                 cpu_kv_cache_bytes: int = 512 * 2**20, **llm_kwargs: Any) -> None:
         import vllm
 
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # loopback only: no network on the rollout box
@@ -151,13 +154,15 @@ class VllmEngine:
             model=model_dir, skip_tokenizer_init=True, dtype=dtype, load_format=load_format, seed=seed,
             max_model_len=max_model_len, enforce_eager=not self._on_gpu, worker_extension_cls=EXTENSION,
             tensor_parallel_size=tensor_parallel_size,
-            # on the CPU backend this is the fraction of host RAM reserved (weights + KV): keep it small.
-            gpu_memory_utilization=gpu_memory_utilization if torch.cuda.is_available() else 0.05,
             # log-probs after temperature (and top-p) processing: the temperature-scaled distribution the
             # trainer recomputes (ws doc §6); with top_p < 1 vLLM renormalises over the nucleus.
             logprobs_mode="processed_logprobs")
         if self._on_gpu:
-            kwargs.update(enable_sleep_mode=True)
+            kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=gpu_memory_utilization)
+        else:
+            # The CPU backend reads gpu_memory_utilization as a fraction of the whole NUMA node and fails
+            # when that fraction minus the process RSS is not free; an explicit KV size skips that check.
+            kwargs.update(kv_cache_memory_bytes=int(cpu_kv_cache_bytes))
         kwargs.update(llm_kwargs)
         self.llm = vllm.LLM(**kwargs)
         self._version = 0
@@ -185,6 +190,7 @@ class VllmEngine:
         return cls(model_dir, dtype="bfloat16" if cfg.model.bf16 else "float32", load_format="dummy",
                    seed=cfg.train.seed, max_model_len=spec.max_position_embeddings,
                    gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
+                   cpu_kv_cache_bytes=cfg.rollout.vllm_cpu_kv_cache_mb * 2**20,
                    tensor_parallel_size=cfg.rollout.vllm_tp)
 
     @property

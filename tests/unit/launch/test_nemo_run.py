@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -90,9 +89,6 @@ def test_local_launch_of_a_tp2_megatron_step_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (REPO / "examples" / "tiny.py").exists()
-                    or importlib.util.find_spec("megatron_maspo.cli.train") is None,
-                    reason="needs the tiny recipe and `maspo train`")
 def test_local_launch_of_the_tiny_recipe(tmp_path):
     run_dir = tmp_path / "run"
     r = _launch(["tiny", "--executor", "local", "--gpus-per-node", "2", "--job-dir", str(tmp_path / "jobs"),
