@@ -7,9 +7,8 @@ same data, batch, optimizer and layout.
 
 from __future__ import annotations
 
-from megatron_maspo.recipes.base import grpo, paper_config
-
 from megatron_maspo.config import MaspoConfig
+from megatron_maspo.recipes.base import grpo, paper_config
 
 NAME = "r1-distill-qwen-14b-grpo"
 

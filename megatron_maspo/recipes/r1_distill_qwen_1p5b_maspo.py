@@ -9,9 +9,8 @@ models: --set loss.alpha=0.5).
 
 from __future__ import annotations
 
-from megatron_maspo.recipes.base import paper_config
-
 from megatron_maspo.config import MaspoConfig
+from megatron_maspo.recipes.base import paper_config
 
 NAME = "r1-distill-qwen-1.5b-maspo"
 
