@@ -3,7 +3,7 @@
 Runs, on ``--tp`` spawned gloo ranks with one thread each, the chunked paths of
 ``megatron_maspo.parallel.logprobs`` and a naive baseline (all-gather the full vocabulary, fp32
 log-softmax, target gather, entropy over the full vocabulary, autograd backward, slice the gradient)
-on the same seeded random inputs, interleaved per repetition (performance.md §6). Reports medians
+on the same seeded random inputs, interleaved per repetition (performance-model.md §6). Reports medians
 over ``--reps`` after ``--warmup`` rounds and ratios candidate ÷ naive:
 
 * peak extra memory per rank (VmHWM after the call, reset through /proc/self/clear_refs, minus VmRSS
@@ -14,7 +14,7 @@ over ``--reps`` after ``--warmup`` rounds and ratios candidate ÷ naive:
   (all-reduce: tensor bytes; all-gather: bytes received from the other ranks);
 * full-vocab sweeps per chunk (C8) from the implementation's counter.
 
-    OMP_NUM_THREADS=1 python scripts/bench_logprobs.py               # performance.md §5.1 shapes
+    OMP_NUM_THREADS=1 python scripts/bench_logprobs.py               # performance-model.md §5 shapes
     OMP_NUM_THREADS=1 python scripts/bench_logprobs.py --quick --json /tmp/lp.json
 """
 
@@ -170,7 +170,7 @@ def _ref64(full: torch.Tensor, labels: torch.Tensor, vocab: int, tau: float):
 
 
 def _fp64_gate(cfg: dict, var: dict, rows: int = 256) -> dict[str, float]:
-    """Candidates vs a float64 full-vocabulary reference (performance.md §5.3), in row chunks.
+    """Candidates vs a float64 full-vocabulary reference (performance-model.md §5), in row chunks.
 
     Returns max abs errors of log-prob / entropy and max relative (to the reference's max |g|)
     errors of every gradient, for the logits path and the from-hidden path.

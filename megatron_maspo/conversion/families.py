@@ -2,7 +2,7 @@
 
 HF names are safetensors checkpoint keys (what ``save_pretrained`` writes and vLLM's
 ``load_weights`` expects), never transformers-5 in-memory names: Qwen3-MoE experts are per-expert
-here although transformers fuses them in memory (conversion.md §9).
+here although transformers fuses them in memory (conversion-rules.md §9).
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def load_hf_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Paral
                     plan.append((item.entry, hf, params[key], key, expert))
                     used.add(key)
             if "output_layer.weight" in params and spec.tie_word_embeddings:
-                # PP > 1 tied: the last stage's duplicate of the embedding (conversion.md §7).
+                # PP > 1 tied: the last stage's duplicate of the embedding (conversion-rules.md §7).
                 tied = Direct("model.embed_tokens.weight", "output_layer.weight", split=0, vocab=True)
                 plan.append((tied, [tied.hf], params["output_layer.weight"], "output_layer.weight", None))
                 used.add("output_layer.weight")

@@ -1,10 +1,10 @@
-"""Declarative HF <-> Megatron-Core name mappings (conversion.md §2-§5).
+"""Declarative HF <-> Megatron-Core name mappings (conversion-rules.md §2-§5).
 
 A family table is a tuple of mapping entries. Names are templates: ``{layer}`` is the GLOBAL layer
 index on the HF side and the stage-LOCAL index on the Megatron side (the planner substitutes both);
 ``{expert}`` is the global expert id on the HF side and ``{local_expert}`` the id on this EP rank
 (``expert = ep_rank * experts_per_rank + local_expert``). Split dimensions live here, never in a
-parameter's ``partition_dim`` attribute (wrong for grouped expert ``linear_fc2``, conversion.md §5).
+parameter's ``partition_dim`` attribute (wrong for grouped expert ``linear_fc2``, conversion-rules.md §5).
 
 The same tables drive ``hf_to_megatron`` (load), ``megatron_to_hf`` (export, hence the rollout weight
 sync) and :func:`hf_state_dict_keys`.

@@ -1,4 +1,4 @@
-"""Pure tensor-parallel split/merge functions and vocab padding (conversion.md §4-§6).
+"""Pure tensor-parallel split/merge functions and vocab padding (conversion-rules.md §4-§6).
 
 No process groups here: ``*_shard`` returns what TP rank ``rank`` of ``tp`` holds, ``*_merge`` takes
 the list of all ranks' shards (in rank order) and rebuilds the full tensor. Fused QKV and gate||up

@@ -1,4 +1,4 @@
-"""Evaluation maths: Avg@k and the unbiased Pass@k estimator (algorithms.md §16).
+"""Evaluation maths: Avg@k and the unbiased Pass@k estimator (loss-formulas.md §16).
 
 Inputs are per-problem correct counts ``num_correct_P`` out of ``n`` samples per problem.
 """
@@ -37,14 +37,14 @@ def pass_at_k_single(n: int, c: int, k: int) -> float:
 
 
 def pass_at_k(num_correct_P: Sequence[int], n: int, k: int) -> float:
-    """Mean unbiased pass@k over problems (algorithms.md §16.2); 0.0 for an empty set."""
+    """Mean unbiased pass@k over problems (loss-formulas.md §16.2); 0.0 for an empty set."""
     if not num_correct_P:
         return 0.0
     return math.fsum(pass_at_k_single(n, c, k) for c in num_correct_P) / len(num_correct_P)
 
 
 def avg_at_k(num_correct_P: Sequence[int], k: int) -> float:
-    """Avg@k = mean over problems of ``c_j / k`` (algorithms.md §16.1): per-sample accuracy.
+    """Avg@k = mean over problems of ``c_j / k`` (loss-formulas.md §16.1): per-sample accuracy.
 
     Raises:
         ValueError: a count outside ``0..k``.

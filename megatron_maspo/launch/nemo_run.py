@@ -4,7 +4,7 @@ The task is ``torchrun ... -m megatron_maspo.cli.main train --config <resolved c
 ``run.Script`` with ``m=True`` rather than a ``run.Partial``, so the training processes never import
 nemo_run or fiddle, and the config travels as the YAML file :func:`job.write_config` wrote.
 
-Traps handled here (megatron-on-cpu.md §9): ``leptonai>=0.47`` breaks ``import nemo_run`` (pinned in the
+Traps handled here (cpu-notes.md §5): ``leptonai>=0.47`` breaks ``import nemo_run`` (pinned in the
 ``launch`` extra); the default GitArchivePackager needs a git checkout, so a plain ``run.Packager`` is used
 (the package is installed in the container); with the torchrun launcher nemo-run requests one Slurm task
 per node and torchrun spawns ``gpus_per_node`` workers; any script that calls :func:`launch` must guard

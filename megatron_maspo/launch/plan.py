@@ -60,7 +60,7 @@ GIB = 2**30
 
 @dataclass(frozen=True, kw_only=True)
 class Assumptions:
-    """Hardware figures and efficiencies the estimate rests on (defaults: H100-SXM-80G, performance.md)."""
+    """Hardware figures and efficiencies the estimate rests on (defaults: H100-SXM-80G, performance-model.md §1)."""
 
     gpu_mem_gb: float = 80.0
     """Usable GPU memory in GiB."""

@@ -1,4 +1,4 @@
-"""Advantage estimators (algorithms.md §1) and per-token advantage modifiers (§7, §12.2).
+"""Advantage estimators (loss-formulas.md §1) and per-token advantage modifiers (§7, §12.2).
 
 Group estimators are pure functions of ``rewards_P_G`` ([P prompts, G responses], float) returning
 ``advantages_P_G``; the trainer broadcasts each response's advantage to its tokens.

@@ -2,7 +2,7 @@
 
 PPO-clip with explicit ratio bounds ``[c_low, c_high]`` searched once per call, before the gradient
 step, so that positive-advantage tokens carry at least a share ρ₀ of the (detached) contribution
-(Eq. 8, Alg. 1; algorithms.md §8):
+(Eq. 8, Alg. 1; loss-formulas.md §8):
 
     P(c_high) = Σ_{Â>0} |Â|·min(ρ, c_high),   N(c_low) = Σ_{Â<0} |Â|·max(ρ, c_low)
     raise c_high by δ₁ (up to b⁺), then c_low by δ₂ (up to b⁻), while P/(P+N) < ρ₀

@@ -3,7 +3,7 @@
 Every surrogate is a pure function ``fn(cfg, logprobs, old_logprobs, advantages, ctx) -> MethodOutput``
 over flat ``[T]`` tensors of one packed micro-batch. It returns the per-token loss (the negated
 objective, differentiable in ``logprobs``) and the documented gradient weight ``w`` of
-algorithms.md §0.2 (``∇loss_t = -w·ρ·Â·∇log π_θ``), which the metrics and the tests use.
+loss-formulas.md §0.2 (``∇loss_t = -w·ρ·Â·∇log π_θ``), which the metrics and the tests use.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`LossConfig`: every knob of the policy-loss family, with paper symbols and defaults.
 
-All formulas and defaults follow docs/algorithms.md (shared spec); `docs/losses.md` summarises them.
+All formulas and defaults follow docs/loss-formulas.md; `docs/losses.md` summarises them.
 Validation happens once, in `__post_init__`, so the maths code can trust its inputs.
 """
 
@@ -25,7 +25,7 @@ class LossConfig:
     """Configuration of the per-token policy loss, its regularisers, advantages and aggregation."""
 
     method: str = "maspo"
-    """Surrogate, one of METHODS. 'quatro' is a reconstruction (algorithms.md §14)."""
+    """Surrogate, one of METHODS. 'quatro' is a reconstruction (loss-formulas.md §14)."""
 
     # --- PPO-style clipping (grpo, clip_higher, dac, cispo, gppo, quatro with keep_ratio_clip) ---
     eps_low: float = 0.2
@@ -82,7 +82,7 @@ class LossConfig:
     """δ₁: c_high increment; paper 0.05."""
     bapo_contribution: str = "loss_value"
     """How negatives count in the share: 'loss_value' |Â|·max(ρ, c_low) (paper/code) or
-    'gradient_mass' |Â|·ρ over ρ ≥ c_low only (algorithms.md §8 subtlety)."""
+    'gradient_mass' |Â|·ρ over ρ ≥ c_low only (loss-formulas.md §8 subtlety)."""
     bapo_order: str = "high_first"
     """Which bound moves first: 'high_first' (paper) or 'low_first' (official code)."""
 
@@ -92,7 +92,7 @@ class LossConfig:
     gppo_beta_high: float = 1.0
     """β₂ of (CE-)GPPO for Â>0, ρ>1+ε_high; 1.0."""
 
-    # --- QUATRO reconstruction (arXiv 2602.04620; algorithms.md §14, all [inferred]) ---
+    # --- QUATRO reconstruction (arXiv 2602.04620; loss-formulas.md §14, all [inferred]) ---
     quatro_divergence: str = "kl_new_old"
     """Stabiliser D(ρ): 'kl_new_old' ρ·log ρ, 'kl_old_new' -log ρ, 'k3' ρ - 1 - log ρ."""
     quatro_delta: float = 0.01
@@ -113,7 +113,7 @@ class LossConfig:
     quatro_keep_ratio_clip: bool = False
     """Keep PPO clipping (eps_low/eps_high) on the ρ·Â part."""
 
-    # --- aggregation (algorithms.md §2) ---
+    # --- aggregation (loss-formulas.md §2) ---
     aggregation: str = "token-mean"
     """One of AGGREGATIONS; token-mean for MASPO/DAPO, seq-mean-token-mean for GRPO/SAPO."""
     norm_constant: float | None = None
@@ -130,7 +130,7 @@ class LossConfig:
     """Truncated IS against rollout log-probs: pg loss ×= min(π_old/π_rollout, tis_cap), detached.
     None = off. Composes with every method."""
 
-    # --- advantage estimators (algorithms.md §1, §7, §12.2) ---
+    # --- advantage estimators (loss-formulas.md §1, §7, §12.2) ---
     advantage: str = "grpo"
     """Group estimator: 'grpo' (mean/std), 'drgrpo' (mean only), 'rloo' (leave-one-out)."""
     std_unbiased: bool = True

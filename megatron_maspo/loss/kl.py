@@ -9,7 +9,7 @@ def kl_to_reference(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: st
     """Per-token estimator of KL(π_θ ‖ π_ref) on sampled tokens; [T], gradient through ``logprobs``.
 
     k1 = log π_θ - log π_ref; k2 = ½(log π_θ - log π_ref)²; k3 = r - log r - 1 with
-    r = π_ref/π_θ (DeepSeekMath's D_k3, algorithms.md §3; verl 'low_var_kl': log r clamped to ±20
+    r = π_ref/π_θ (DeepSeekMath's D_k3, loss-formulas.md §3; verl 'low_var_kl': log r clamped to ±20
     and the value to [-10, 10]).
     """
     log_r = ref_logprobs.detach() - logprobs

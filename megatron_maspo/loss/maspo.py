@@ -57,7 +57,7 @@ def maspo_gate(ratio: torch.Tensor, adv: torch.Tensor, s_pos: torch.Tensor, s_ne
 
 def maspo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv: torch.Tensor,
           ctx: TokenContext) -> MethodOutput:
-    """MASPO per-token loss ``-sg[F]·ρ·Â`` (arXiv 2602.17550 §4.1, App. A.3; algorithms.md §13.7).
+    """MASPO per-token loss ``-sg[F]·ρ·Â`` (arXiv 2602.17550 §4.1, App. A.3; loss-formulas.md §13.7).
 
     Returns:
         MethodOutput with extras ``maspo/sigma`` (σ actually used: σ_pos for Â>0, σ_neg for Â<0,

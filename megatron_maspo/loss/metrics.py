@@ -1,4 +1,4 @@
-"""Detached loss telemetry (algorithms.md §13.10; house-style §5).
+"""Detached loss telemetry (loss-formulas.md §13.10).
 
 Every value is pre-normalised by the *global* count (tokens), so one SUM all-reduce over DP of the
 per-micro-batch sums gives the global mean. Exceptions, handled by `reduce_metrics`: keys ending in

@@ -1,6 +1,6 @@
 """`compute_policy_loss`: the trainer's entry, composing surrogate, regularisers and aggregation.
 
-Per token (algorithms.md §0–§13), with Â' the advantage after the optional modifiers:
+Per token (loss-formulas.md §0–§13), with Â' the advantage after the optional modifiers:
 
     ℓ_t = tis_t·surrogate_t(ρ, Â') + β_KL·KL_t(π_θ ‖ π_ref) - c_H·H_t
     Â'  = reweight(entropy_advantage(Â))          (each off by default)

@@ -1,6 +1,6 @@
 """PPO-clip surrogates: GRPO, Clip-Higher (DAPO), DAC (DCPO), CISPO and (CE-)GPPO.
 
-All written as the negated objective per token (algorithms.md §3, §5, §6, §10, §11); the gradient
+All written as the negated objective per token (loss-formulas.md §3, §5, §6, §10, §11); the gradient
 weight ``w`` of each is returned next to the loss (``∇loss = -w·ρ·Â·∇log π_θ``).
 """
 
@@ -23,7 +23,7 @@ def ppo_clip_loss(ratio: torch.Tensor, adv: torch.Tensor, low: torch.Tensor | fl
         dual_c: dual-clip constant for Â<0 (None = off).
 
     Returns:
-        (loss [T], w [T]): "PPO-clip(low, high)" of algorithms.md §15: Â>0: w = 1 iff ρ ≤ high;
+        (loss [T], w [T]): "PPO-clip(low, high)" of loss-formulas.md §15: Â>0: w = 1 iff ρ ≤ high;
         Â<0: w = 1 iff ρ ≥ low (and ρ ≤ dual_c).
     """
     r = ratio.detach()
@@ -37,7 +37,7 @@ def ppo_clip_loss(ratio: torch.Tensor, adv: torch.Tensor, low: torch.Tensor | fl
 
 def grpo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv: torch.Tensor,
          ctx: TokenContext) -> MethodOutput:
-    """GRPO / PPO-clip (DeepSeekMath; algorithms.md §3): band [1-ε_low, 1+ε_high], optional dual-clip.
+    """GRPO / PPO-clip (DeepSeekMath; loss-formulas.md §3): band [1-ε_low, 1+ε_high], optional dual-clip.
 
     Used for both 'grpo' (ε_low = ε_high = ε) and 'clip_higher' (DAPO's decoupled ε's, §5).
     """
@@ -48,7 +48,7 @@ def grpo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, ad
 
 def dac_bounds(old_logprobs: torch.Tensor, eps_low: float, eps_high: float, upper_cap: float,
                p_old_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """DCPO's dynamic-adaptive clip bounds (arXiv 2509.02333; algorithms.md §6).
+    """DCPO's dynamic-adaptive clip bounds (arXiv 2509.02333; loss-formulas.md §6).
 
     ``L = ½ + ½·sqrt(max(1 - 4ε_low/p_old, 0))``, ``U = min(½ + ½·sqrt(1 + 4ε_high/p_old), upper_cap)``,
     from ``|ρ(ρ-1)|·p_old ≤ ε``. ``p_old = exp(old_logprobs)`` floored at ``p_old_floor``.
@@ -64,7 +64,7 @@ def dac_bounds(old_logprobs: torch.Tensor, eps_low: float, eps_high: float, uppe
 
 def dac(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv: torch.Tensor,
         ctx: TokenContext) -> MethodOutput:
-    """DAC: PPO-clip with bounds [L(p_old), U(p_old)] (DCPO; algorithms.md §6)."""
+    """DAC: PPO-clip with bounds [L(p_old), U(p_old)] (DCPO; loss-formulas.md §6)."""
     ratio = torch.exp(clamped_log_ratio(logprobs, old_logprobs, cfg.log_ratio_clamp))
     low, high = dac_bounds(old_logprobs, cfg.eps_low, cfg.eps_high, cfg.dac_upper_cap, cfg.p_old_floor)
     loss, w = ppo_clip_loss(ratio, adv, low, high, cfg.dual_clip_c)
@@ -74,7 +74,7 @@ def dac(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv
 
 def cispo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv: torch.Tensor,
           ctx: TokenContext) -> MethodOutput:
-    """CISPO (MiniMax-M1; algorithms.md §10): ``-sg[clip(ρ, 1-ε_low, 1+ε_high)]·Â·log π_θ``.
+    """CISPO (MiniMax-M1; loss-formulas.md §10): ``-sg[clip(ρ, 1-ε_low, 1+ε_high)]·Â·log π_θ``.
 
     No token is dropped; ``w = clip(ρ)/ρ``. The forward value uses log π_θ as in the paper/verl.
     """
@@ -87,7 +87,7 @@ def cispo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, a
 
 def gppo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv: torch.Tensor,
          ctx: TokenContext) -> MethodOutput:
-    """(CE-)GPPO (Klear-Reasoner; algorithms.md §11): gradient-preserving clipping.
+    """(CE-)GPPO (Klear-Reasoner; loss-formulas.md §11): gradient-preserving clipping.
 
     Â<0, ρ<1-ε_low: ``-β₁(1-ε_low)/sg[ρ]·ρ·Â`` (w = β₁(1-ε_low)/ρ); Â>0, ρ>1+ε_high:
     ``-β₂(1+ε_high)/sg[ρ]·ρ·Â`` (w = β₂(1+ε_high)/ρ); otherwise ``-ρ·Â`` (w = 1); dual-clip optional.

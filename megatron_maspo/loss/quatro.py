@@ -1,6 +1,6 @@
 """QUATRO-reconstruction: query-adaptive trust region (Lee et al. 2026, arXiv 2602.04620).
 
-**This is a reconstruction** from the abstract and third-party summaries (algorithms.md §14); no code
+**This is a reconstruction** from the abstract and third-party summaries (loss-formulas.md §14); no code
 was released. Report results as "QUATRO-reconstruction". Per prompt q, the Lagrangian of
 ``max E_old[ρ·Â] s.t. D_q ≤ δ_q`` gives the token objective (§14.2)
 

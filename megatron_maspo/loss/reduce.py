@@ -1,4 +1,4 @@
-"""Exact loss aggregation with global counts (algorithms.md §2).
+"""Exact loss aggregation with global counts (loss-formulas.md §2).
 
 Each micro-batch returns ``Σ_local (unit-normalised ℓ) / N_unit_glob``; summing that over all
 micro-batches and SUM-reducing over DP gives exactly the paper's mini-batch loss, however the tokens are

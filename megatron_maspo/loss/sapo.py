@@ -1,4 +1,4 @@
-"""SAPO: Soft Adaptive Policy Optimisation (Gao et al. 2025, arXiv 2511.20347; algorithms.md §9).
+"""SAPO: Soft Adaptive Policy Optimisation (Gao et al. 2025, arXiv 2511.20347; loss-formulas.md §9).
 
 ``J = E[f_τ(ρ)·Â]`` with ``f_τ(ρ) = (4/τ)·σ(τ(ρ-1))`` and τ = τ_pos if Â > 0 else τ_neg. The gate is
 part of the differentiated surrogate, so ``w = 4s(1-s) = sech²(τ(ρ-1)/2)``, ``s = σ(τ(ρ-1))``: smooth,

@@ -1,4 +1,4 @@
-"""Hugging Face ``config.json`` <-> :class:`ArchSpec` (conversion.md §8).
+"""Hugging Face ``config.json`` <-> :class:`ArchSpec` (conversion-rules.md §8).
 
 Only the architectures the conversion tables cover are accepted; anything Megatron-Core cannot
 reproduce exactly (sliding windows, non-SiLU MLPs, llama3 rope scaling with parameters other than

@@ -33,7 +33,7 @@ class ModelBuildOptions:
     use_te: bool | None = None
     """None = TE spec if Transformer Engine imports, else the local spec."""
     calculate_per_token_loss: bool = True
-    """Megatron's exact global token-mean path (algorithms.md §2.2)."""
+    """Megatron's exact global token-mean path (loss-formulas.md §2.2)."""
     use_cpu_initialization: bool = True
     """Draw full master weights on CPU and keep the local slice: identical weights at every TP."""
     init_method_std: float = 0.02

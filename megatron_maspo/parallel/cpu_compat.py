@@ -1,7 +1,7 @@
 """Make megatron-core's CUDA-assuming calls work on a CPU-only torch with gloo.
 
 megatron-core 0.16.1 runs GPTModel, the pipeline schedules, DDP, the optimizers and dist-checkpointing over
-gloo once a handful of CUDA calls are redirected (shared/docs/megatron-on-cpu.md §3). Each part below is
+gloo once a handful of CUDA calls are redirected (docs/cpu-notes.md §1). Each part below is
 independent and idempotent; :func:`apply_cpu_compat` installs them only when CUDA is absent, so a GPU run
 never takes these paths.
 

@@ -8,8 +8,8 @@ one chunk.
 Per token chunk ``c`` (``C`` rows): forward computes ``z_c = h_c W^T`` ([C, V/tp], in the input
 dtype, exactly what Megatron's output layer would produce), reduces it in one sweep to four fp32
 scalars per token and drops it; the ranks are merged with the same two collectives (16 B/token) as
-the logits path. Backward recomputes ``z_c`` (the 8·N·H·V/tp FLOP recompute design, performance.md
-§2.1), forms ``dz_c`` and accumulates
+the logits path. Backward recomputes ``z_c`` (the 8·N·H·V/tp FLOP recompute design, performance-model.md
+§2), forms ``dz_c`` and accumulates
 
 * ``dW += dz_c^T h_c`` into an fp32 ``[V/tp, H]`` buffer (bf16 weights would lose bits summed
   chunk by chunk in bf16), and

@@ -1,4 +1,4 @@
-"""Shared bases for the cluster recipes: the MASPO paper's training setting (algorithms.md §13.9).
+"""Shared bases for the cluster recipes: the MASPO paper's training setting (loss-formulas.md §13.9).
 
 Paper setting (Fu et al. 2026, §5.1 and App. C): DeepSeek-R1-Distill-Qwen backbones, DAPO-Math-17k,
 rollout batch 512 prompts x G = 8 responses, mini-batch 32 prompts => 16 optimizer steps per rollout

@@ -1,7 +1,7 @@
 """Grade one response with Hugging Face Math-Verify (the only module importing ``math_verify``).
 
 Runs inside a grading worker's main thread, where math-verify's ``signal.alarm`` timeouts work
-(megatron-on-cpu.md §8); the pool's hard deadline covers what a signal cannot interrupt (long C-level
+(cpu-notes.md §4); the pool's hard deadline covers what a signal cannot interrupt (long C-level
 big-integer arithmetic such as ``9^{9^{9^9}}``).
 """
 

@@ -1,7 +1,7 @@
 """Flat weight-sync buckets: many named tensors packed into one contiguous uint8 buffer.
 
 One buffer per bucket (not one message per tensor) is what makes a sync cheap: one IPC handle, one
-broadcast or one RPC payload per bucket (weight-sync-and-rollout.md §4; vime measured ~4x). The metadata
+broadcast or one RPC payload per bucket (weight-sync-notes.md §1; vime measured ~4x). The metadata
 ``{name, dtype, shape, offset}`` travels next to the buffer and lets the receiver rebuild zero-copy views.
 
 Policy for a tensor larger than the bucket: **rejected** with a ``ValueError`` naming the tensor, its size
@@ -80,7 +80,7 @@ def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
     """Stream ``(name, tensor)`` pairs into flat buckets of at most ``bucket_bytes`` bytes.
 
     The buffer is allocated per bucket at its exact used size (no plan is cached across calls: every sync
-    re-derives names, shapes and offsets from the tensors it actually sees, ws doc §6).
+    re-derives names, shapes and offsets from the tensors it actually sees, weight-sync-notes.md §1).
 
     Args:
         named_tensors: full HF-named tensors (any dtype in the supported set), consumed lazily.

@@ -16,7 +16,7 @@ class RolloutConfig:
     group_size: int = 8
     """Responses per prompt, G in GRPO/MASPO (paper: 8)."""
     temperature: float = 1.0
-    """Sampling temperature T; the trainer divides logits by the same T for log-probs (algorithms.md §0.3)."""
+    """Sampling temperature T; the trainer divides logits by the same T for log-probs (loss-formulas.md §0.3)."""
     top_p: float = 1.0
     """Nucleus mass; 1.0 keeps rollout and trainer log-probs on the same support."""
     max_new_tokens: int = 16

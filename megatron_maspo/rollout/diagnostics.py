@@ -1,4 +1,4 @@
-"""Train-vs-rollout mismatch diagnostics (ws doc §5-6: slime's logprob abs diff, NeMo-RL's token_mult_prob_error).
+"""Train-vs-rollout mismatch diagnostics (weight-sync-notes.md §2: slime's logprob abs diff, NeMo-RL's token_mult_prob_error).
 
 With ``Δ_t = log p_train(y_t) - log p_rollout(y_t)`` over the masked response tokens:
 
@@ -54,7 +54,7 @@ def mismatch_metrics(train_logprobs: torch.Tensor, rollout_logprobs: torch.Tenso
 
 def rollout_logprobs_tensor(completions: list[Completion]) -> list[torch.Tensor]:
     """Per-sample rollout log-probs as fp32 [len_i] tensors, kept for the loss's IS correction
-    (``compute_policy_loss(..., rollout_logprobs=...)``, algorithms.md)."""
+    (``compute_policy_loss(..., rollout_logprobs=...)``, loss-formulas.md)."""
     out = []
     for c in completions:
         if len(c.logprobs) != len(c.token_ids):

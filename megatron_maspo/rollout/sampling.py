@@ -1,6 +1,6 @@
 """Pure sampling maths shared by the built-in engine and its tests.
 
-Log-prob convention (algorithms.md §0.3, ws doc §6): the returned log-prob of a token is
+Log-prob convention (loss-formulas.md §0.3, weight-sync-notes.md §2): the returned log-prob of a token is
 ``log softmax(z / T)[token]`` over the **full** vocabulary, i.e. the temperature-scaled distribution the
 trainer recomputes, *not* renormalised over the top-p nucleus. With ``top_p = 1`` (the RL default) it is
 exactly the sampling distribution; with ``top_p < 1`` the sampling distribution is the nucleus-renormalised

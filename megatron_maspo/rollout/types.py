@@ -21,7 +21,7 @@ class SamplingParams:
     temperature: float = 1.0
     """Softmax temperature T; 0 means greedy. Rollout log-probs are of the temperature-scaled distribution."""
     top_p: float = 1.0
-    """Nucleus mass; keep 1.0 for RL so rollout and trainer log-probs share a support (ws doc §6)."""
+    """Nucleus mass; keep 1.0 for RL so rollout and trainer log-probs share a support (weight-sync-notes.md §2)."""
     max_tokens: int = 64
     """Maximum new tokens per completion."""
     stop_token_ids: list[int] = field(default_factory=list)

@@ -155,7 +155,7 @@ class VllmEngine:
             max_model_len=max_model_len, enforce_eager=not self._on_gpu, worker_extension_cls=EXTENSION,
             tensor_parallel_size=tensor_parallel_size,
             # log-probs after temperature (and top-p) processing: the temperature-scaled distribution the
-            # trainer recomputes (ws doc §6); with top_p < 1 vLLM renormalises over the nucleus.
+            # trainer recomputes (weight-sync-notes.md §2); with top_p < 1 vLLM renormalises over the nucleus.
             logprobs_mode="processed_logprobs")
         if self._on_gpu:
             kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=gpu_memory_utilization)

@@ -5,7 +5,7 @@ Every rank of the trainer calls :func:`sync_weights`; all of them iterate
 EP gather and PP broadcast, slices vocab padding and yields the tied embedding once). Only the sender
 (global rank 0 by default) packs the stream into buckets and hands them to the engine; the engine consumes
 the bucket generator lazily, so at most one bucket plus one mapping's tensors are alive at a time, and the
-export plan and bucket layout are rebuilt on every call (no stale plans, ws doc §6).
+export plan and bucket layout are rebuilt on every call (no stale plans, weight-sync-notes.md §1).
 
 Engines that implement ``load_buckets(buckets, verify=...)`` (built-in, vLLM) receive the packed buckets and
 verify the per-bucket crc32 on their side; any other :class:`~.types.Engine` gets ``load_weights`` of

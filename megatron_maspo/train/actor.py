@@ -1,6 +1,6 @@
 """The Megatron-Core actor: log-prob recompute and the MASPO training step over TP x PP x DP (x EP).
 
-One rollout step (algorithms.md §0.3) is :meth:`MegatronActor.train_step`:
+One rollout step (loss-formulas.md §0.3) is :meth:`MegatronActor.train_step`:
 
 1. trim over-long / empty responses (counted), split the samples into ``mini_batches_per_step``
    mini-batches by prompt, and plan each one (:mod:`packing`): the same plan on every rank;

@@ -10,7 +10,7 @@ directory named ``step_*`` is always complete):
   is unchanged (otherwise there is no meaningful mapping; logged).
 
 ``keep_last`` older complete checkpoints are removed by rank 0 after the new one is in place.
-Distributed-optimizer state uses ``fully_reshardable`` sharding (megatron-on-cpu.md §4.6).
+Distributed-optimizer state uses ``fully_reshardable`` sharding (cpu-notes.md §3).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ The loss function returns Megatron's 3-tuple ``(numerator·N_glob, n_local, {})`
 ``calculate_per_token_loss=True``: ``compute_policy_loss`` already divides by the global count, we
 multiply back by ``N_glob`` and report this micro-batch's token count, so ``finalize_model_grads``'
 division by ``Σ_{micro-batches, DP} n_local = N_glob`` yields exactly the global aggregate of any
-aggregation mode (algorithms.md §2.2).
+aggregation mode (loss-formulas.md §2.2).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Megatron DDP wrapping, optimizer (AdamW + clipping) and LR schedule for the actor.
 
-Gradient scaling follows algorithms.md §2.2: with ``calculate_per_token_loss=True`` DDP sums
+Gradient scaling follows loss-formulas.md §2.2: with ``calculate_per_token_loss=True`` DDP sums
 gradients (scaling factor 1, ``average_in_collective=False``) and ``finalize_model_grads`` divides
 them by the token count all-reduced over DP, which the loss function returns as its second output.
 """

@@ -3,7 +3,7 @@
 Pure and deterministic (no torch.distributed): every rank holds the same global list of samples,
 computes the same plan, and builds tensors only for its own data-parallel shard. That makes the
 old-log-prob recompute and the training forward see **identical** micro-batches (so ``ρ = 1``
-exactly on the first mini-batch, algorithms.md §0.3) and makes the global token count ``N_glob`` a
+exactly on the first mini-batch, loss-formulas.md §0.3) and makes the global token count ``N_glob`` a
 local computation.
 
 Layout of one micro-batch: the sequences ``prompt_i ++ response_i`` are concatenated in one row of

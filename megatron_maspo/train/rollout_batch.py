@@ -29,12 +29,12 @@ class PromptGroup:
 
     @property
     def degenerate(self) -> bool:
-        """All rewards equal: zero group advantage, no policy-gradient signal (algorithms.md §1.1)."""
+        """All rewards equal: zero group advantage, no policy-gradient signal (loss-formulas.md §1.1)."""
         return max(self.rewards_G) == min(self.rewards_G)
 
 
 def overlong_penalty(length: int, max_len: int, buffer: int) -> float:
-    """DAPO soft overlong punishment R_len (algorithms.md §5): 0, a linear ramp to -1 in the buffer, -1 past it."""
+    """DAPO soft overlong punishment R_len (loss-formulas.md §5): 0, a linear ramp to -1 in the buffer, -1 past it."""
     if buffer <= 0 or length <= max_len - buffer:
         return 0.0
     if length <= max_len:

@@ -160,7 +160,7 @@ def _close_after_adam(a: dict, b: dict, *grads: dict, lr: float = 1e-2) -> None:
 
     Adam divides by ``sqrt(v)``, so a gradient element of ~1e-9 whose last bits differ between
     layouts can move its parameter by up to ``lr`` either way, and small gradients' relative
-    rounding differences are amplified to ~1e-5 (megatron-on-cpu.md §4.5: 7.6e-5 with Adam,
+    rounding differences are amplified to ~1e-5 (cpu-notes.md §2: 7.6e-5 with Adam,
     7.5e-9 with SGD). Elements whose reference gradient exceeds 1e-6 on every step must agree to
     1e-4 (a wrong gradient moves them by ~lr = 1e-2); the rest only within ``2·lr`` per step.
     """

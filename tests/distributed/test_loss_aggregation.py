@@ -1,4 +1,4 @@
-"""Exact aggregation (algorithms.md §2.2): 2 DP ranks x {1, 3} uneven micro-batches give the single-batch
+"""Exact aggregation (loss-formulas.md §2.2): 2 DP ranks x {1, 3} uneven micro-batches give the single-batch
 loss, gradient and metrics, for every aggregation mode, through both the plain-autograd form and the
 Megatron ``calculate_per_token_loss`` 3-tuple form; BAPO's bounds agree across the DP all-reduce."""
 

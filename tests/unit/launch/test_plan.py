@@ -44,7 +44,7 @@ def test_dense_7b_memory_and_time_match_hand_computation():
     assert m.peak == pytest.approx(m.weights + m.grads + m.optimizer + max(m.activations + m.logprob, 40) + 3)
 
     p_total = 7_615_616_512
-    kvpt = 2 * layers * g * d * 2  # 57,344 bytes per token (performance.md §4.4)
+    kvpt = 2 * layers * g * d * 2  # 57,344 bytes per token (performance-model.md §4)
     pool = 40 * GIB - 2 * p_total - 2 * GIB
     assert plan.kv_seqs == int(pool // (kvpt * 9216))
     p_act = p_total - v * h  # the input embedding is a lookup, not a GEMM

@@ -1,4 +1,4 @@
-"""Advantage estimators against algorithms.md §1 reference values, plus the per-token modifiers."""
+"""Advantage estimators against loss-formulas.md §1 reference values, plus the per-token modifiers."""
 
 from __future__ import annotations
 

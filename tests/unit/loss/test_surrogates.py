@@ -1,5 +1,5 @@
 """Per-token surrogates: autograd gradient == documented -sg[w]·ρ·Â oracle, gradcheck, limits,
-and the hand-computed vectors of algorithms.md (§6 DAC, §9 SAPO, §13.5 MASPO)."""
+and the hand-computed vectors of loss-formulas.md (§6 DAC, §9 SAPO, §13.5 MASPO)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _ppo_w(r, a, lo, hi, c=None):
 
 
 def _oracle(method: str, r, old, a, **p):
-    """Independent re-statement of algorithms.md §15's w column."""
+    """Independent re-statement of loss-formulas.md §15's w column."""
     el, eh = p.get("eps_low", 0.2), p.get("eps_high", 0.2)
     if method in ("grpo", "clip_higher"):
         return _ppo_w(r, a, 1 - el, 1 + eh, p.get("dual_clip_c"))
@@ -188,7 +188,7 @@ def test_equal_reward_groups_give_zero_gradient():
         assert torch.all(g == 0), method
 
 
-MASPO_VECTORS = [  # (ρ, p_old, Â, σ used, F) from algorithms.md §13.5, α = 0.3
+MASPO_VECTORS = [  # (ρ, p_old, Â, σ used, F) from loss-formulas.md §13.5, α = 0.3
     (1.5, 0.5, 1.0, 1.26808, 0.925209), (3.0, 0.01, 1.0, 4.10050, 0.887854),
     (1.1, 0.9, 2.0, 1.09404, 0.995831), (5.0, 1e-4, 0.5, 10.1500, 0.925286),
     (0.5, 0.5, -1.0, 1.19529, 0.916227), (0.2, 0.9, -3.0, 0.94689, 0.699841),
