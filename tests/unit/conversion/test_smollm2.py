@@ -11,7 +11,8 @@ import pytest
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("gguf") is None, reason="needs the 'smollm2' extra (gguf)"),
+    pytest.mark.skipif(importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None,
+                       reason="needs the 'smollm2' extra (gguf, accelerate)"),
 ]
 
 
