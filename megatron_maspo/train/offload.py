@@ -67,9 +67,12 @@ def training_tensors(chunks: list, optimizer, extra_models: Iterable = ()) -> di
     params = [p for m in [*chunks, *extra_models] for p in m.parameters()]
     grads: list[torch.Tensor] = []
     for c in chunks:
-        for buf in [*getattr(c, "buffers", []), *getattr(c, "expert_parallel_buffers", [])]:
-            if getattr(buf, "grad_data", None) is not None:
-                grads.append(buf.grad_data)
+        # Megatron DDP's ``buffers`` is a list of flat param/grad buffers (it shadows ``Module.buffers``)
+        for attr in ("buffers", "expert_parallel_buffers"):
+            bufs = getattr(c, attr, None)
+            for buf in bufs if isinstance(bufs, (list, tuple)) else ():
+                if getattr(buf, "grad_data", None) is not None:
+                    grads.append(buf.grad_data)
     grads += [g for p in params for g in (getattr(p, "main_grad", None), p.grad) if g is not None]
     opt: list[torch.Tensor] = []
     if optimizer is not None:
