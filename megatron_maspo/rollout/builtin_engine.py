@@ -28,12 +28,12 @@ class BuiltinEngine:
 
     Args:
         model: a transformers ``*ForCausalLM`` (fp32 recommended on CPU); put in eval mode here.
-        device: where the model, its inputs and the sampling run; None = the current CUDA device when
-            CUDA is present, else the CPU.
+        device: where the model, its inputs and the sampling run (the model is moved there); None =
+            where the model already is. :meth:`from_hf_config` defaults to :func:`default_engine_device`.
     """
 
     def __init__(self, model: Any, *, device: torch.device | str | None = None) -> None:
-        self.device = torch.device(device) if device is not None else default_engine_device()
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model = model.to(self.device).eval()
         self._version = 0
         self._asleep = 0
@@ -44,6 +44,8 @@ class BuiltinEngine:
                        device: torch.device | str | None = None) -> BuiltinEngine:
         """An engine with randomly initialised weights (like vLLM's ``load_format="dummy"``): sync before use.
 
+        It runs on ``device``; None = the current CUDA device when CUDA is present, else the CPU.
+
         Args:
             config: an HF config dict (e.g. ``model.hf_config.hf_config_dict(spec)``) or ``PretrainedConfig``.
         """
@@ -52,7 +54,7 @@ class BuiltinEngine:
         if isinstance(config, dict):
             config = transformers.AutoConfig.for_model(**config)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-        return cls(model, device=device)
+        return cls(model, device=device if device is not None else default_engine_device())
 
     @property
     def policy_version(self) -> int:

@@ -21,6 +21,14 @@ def _weights(model) -> dict[str, torch.Tensor]:
 def test_default_device_follows_cuda():
     want = "cuda" if torch.cuda.is_available() else "cpu"
     assert default_engine_device().type == want
+    from megatron_maspo.model.hf_config import hf_config_dict
+    from megatron_maspo.model.spec import tiny_qwen2_spec
+
+    eng = BuiltinEngine.from_hf_config(hf_config_dict(tiny_qwen2_spec(vocab_size=64, num_layers=1,
+                                                                      hidden_size=32)))
+    assert eng.device.type == want and next(eng.model.parameters()).device.type == want
+    model, _ = make_tiny_hf_model("qwen2", vocab_size=301, seed=0)
+    assert BuiltinEngine(model).device == torch.device("cpu")  # a given model stays where it is
 
 
 def test_level2_sleep_frees_weights_and_a_sync_restores_identical_sampling():
@@ -56,7 +64,7 @@ def test_engine_runs_on_cuda_and_matches_cpu_greedy():
     cpu = BuiltinEngine(model, device="cpu")
     greedy = SamplingParams(n=1, temperature=0, max_tokens=6)
     ref = cpu.generate(PROMPTS, greedy)
-    gpu = BuiltinEngine(make_tiny_hf_model("qwen2", vocab_size=301, seed=0)[0])
+    gpu = BuiltinEngine(make_tiny_hf_model("qwen2", vocab_size=301, seed=0)[0], device="cuda")
     assert next(gpu.model.parameters()).device.type == "cuda"
     out = gpu.generate(PROMPTS, greedy)
     assert [g[0].token_ids for g in out] == [g[0].token_ids for g in ref]
