@@ -67,15 +67,17 @@ export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARA
 if [ "$MODE" = cpu ]; then
   export CUDA_VISIBLE_DEVICES=""   # the rehearsal must not touch a GPU even where one exists
   CPU_FLAG=--cpu; BF16=false; STEPS=2
+  TIMEOUT_SCALE="${SMOKE_TIMEOUT_SCALE:-5}"   # shared 2-core boxes are slow to import and spawn
 else
   CPU_FLAG=; BF16=true; STEPS=3
+  TIMEOUT_SCALE="${SMOKE_TIMEOUT_SCALE:-1}"   # the part limits add up to 8 minutes
 fi
 
 NAMES=(); STATUS=(); SECS=(); FIGS=()
 
 # run_part NAME TIMEOUT_S CMD...: run with a timeout, log to $WORK/NAME.log, keep the SMOKE line.
 run_part() {
-  local name="$1" limit="$2"; shift 2
+  local name="$1" limit=$(($2 * TIMEOUT_SCALE)); shift 2
   NAMES+=("$name")
   if [ "$DRY" = 1 ]; then
     echo "[$name] (timeout ${limit}s) $*"; STATUS+=("DRY"); SECS+=(0); FIGS+=(""); return 0
