@@ -157,7 +157,7 @@ def save_hf_folder(named: Iterable[tuple[str, torch.Tensor]], out_dir: str | Pat
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from megatron_maspo.conversion.dist_ckpt import atomic_dir
+    from megatron_maspo.model.checkpoint import atomic_dir
 
     with atomic_dir(out_dir) as tmp:
         shards: list[list[str]] = []

@@ -13,7 +13,11 @@ import torch
 
 from megatron_maspo.conversion.families import TE_RENAMES, family_table
 from megatron_maspo.conversion.mapping import Entry, enabled, fill, is_expert
+from megatron_maspo.model.checkpoint import unwrap
 from megatron_maspo.model.spec import ArchSpec
+
+__all__ = ["Item", "chunk_layers", "global_items", "hf_shape", "hf_state_dict_keys", "local_items",
+           "mcore_names", "resolve", "unwrap"]
 
 
 @dataclass(frozen=True)
@@ -62,13 +66,6 @@ def hf_shape(name: str, spec: ArchSpec) -> tuple[int, ...]:
         if name.endswith(suffix):
             return shape
     raise ValueError(f"HF tensor {name!r} is not part of a {spec.family} checkpoint")
-
-
-def unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
-    """Strip DDP / Float16Module wrappers (``.module``, possibly nested)."""
-    while hasattr(chunk, "module") and not hasattr(chunk, "decoder"):
-        chunk = chunk.module
-    return chunk
 
 
 def chunk_layers(chunk: torch.nn.Module) -> list[int]:

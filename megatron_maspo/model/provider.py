@@ -1,11 +1,13 @@
 """Turn an :class:`ArchSpec` into a Megatron-Core ``TransformerConfig`` and ``GPTModel`` chunks.
 
 The Transformer Engine layer spec is used when TE imports (GPU); the local spec otherwise (CPU tests,
-GPUs without TE). CUDA-only fusions are disabled on CPU so results are exact there.
+GPUs without TE). Kernel fusions are on whenever CUDA is present and the kernel they need is installed
+(:func:`fusion_options`), and off on CPU so results are exact there.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass
 
@@ -45,6 +47,42 @@ def padded_vocab_size(spec: ArchSpec, opts: ModelBuildOptions) -> int:
     return spec.padded_vocab_size(opts.tp, opts.make_vocab_size_divisible_by)
 
 
+def fusion_options(has_cuda: bool, *, has_te: bool = False, has_softmax_kernel: bool = False,
+                   has_grad_accum_kernel: bool = False) -> dict[str, bool]:
+    """Megatron fusion flags for a machine: a pure function of what is available, so it is testable.
+
+    Requirements in megatron-core 0.16.1:
+
+    * ``bias_activation_fusion`` (SwiGLU) and ``bias_dropout_fusion``: TorchScript/torch.compile
+      fusions inside megatron-core, no extension; CUDA only (CPU results stay unfused and exact).
+    * ``masked_softmax_fusion``: the ``scaled_masked_softmax_cuda`` extension (Apex / Megatron's
+      kernels); megatron-core imports it inside the forward, so the flag without it fails there.
+    * ``apply_rope_fusion``: Transformer Engine's fused RoPE (``TransformerConfig`` refuses it without TE).
+    * ``gradient_accumulation_fusion``: Apex's ``fused_weight_gradient_mlp_cuda`` (the linear layers
+      raise without it).
+    * ``persist_layer_norm`` stays off: it is Apex's LayerNorm kernel and the models use RMSNorm.
+    """
+    return {
+        "bias_activation_fusion": has_cuda,
+        "bias_dropout_fusion": has_cuda,
+        "masked_softmax_fusion": has_cuda and has_softmax_kernel,
+        "apply_rope_fusion": has_cuda and has_te,
+        "gradient_accumulation_fusion": has_cuda and has_grad_accum_kernel,
+        "persist_layer_norm": False,
+    }
+
+
+def detected_fusion_options() -> dict[str, bool]:
+    """:func:`fusion_options` for this process: CUDA presence and installed kernels, probed by import spec."""
+    from megatron_maspo.model.te_spec import te_available
+
+    has_cuda = torch.cuda.is_available()
+    return fusion_options(
+        has_cuda, has_te=has_cuda and te_available(),
+        has_softmax_kernel=importlib.util.find_spec("scaled_masked_softmax_cuda") is not None,
+        has_grad_accum_kernel=importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None)
+
+
 def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
     """Megatron ``TransformerConfig`` for ``spec`` under ``opts`` (after ``validate_layout``)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -78,12 +116,7 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
         pipeline_dtype=torch.bfloat16 if opts.bf16 else opts.params_dtype,
         use_cpu_initialization=opts.use_cpu_initialization,
         calculate_per_token_loss=opts.calculate_per_token_loss,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
+        **detected_fusion_options(),
         deallocate_pipeline_outputs=on_gpu,
         batch_p2p_comm=True,
     )

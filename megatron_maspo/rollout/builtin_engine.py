@@ -28,16 +28,23 @@ class BuiltinEngine:
 
     Args:
         model: a transformers ``*ForCausalLM`` (fp32 recommended on CPU); put in eval mode here.
+        device: where the model, its inputs and the sampling run (the model is moved there); None =
+            where the model already is. :meth:`from_hf_config` defaults to :func:`default_engine_device`.
     """
 
-    def __init__(self, model: Any) -> None:
-        self.model = model.eval()
+    def __init__(self, model: Any, *, device: torch.device | str | None = None) -> None:
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.model = model.to(self.device).eval()
         self._version = 0
         self._asleep = 0
+        self._dropped: dict[str, torch.Size] = {}  # level-2 sleep: parameter shapes to re-allocate
 
     @classmethod
-    def from_hf_config(cls, config: dict | Any, *, dtype: torch.dtype = torch.float32) -> BuiltinEngine:
+    def from_hf_config(cls, config: dict | Any, *, dtype: torch.dtype = torch.float32,
+                       device: torch.device | str | None = None) -> BuiltinEngine:
         """An engine with randomly initialised weights (like vLLM's ``load_format="dummy"``): sync before use.
+
+        It runs on ``device``; None = the current CUDA device when CUDA is present, else the CPU.
 
         Args:
             config: an HF config dict (e.g. ``model.hf_config.hf_config_dict(spec)``) or ``PretrainedConfig``.
@@ -47,7 +54,7 @@ class BuiltinEngine:
         if isinstance(config, dict):
             config = transformers.AutoConfig.for_model(**config)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-        return cls(model)
+        return cls(model, device=device if device is not None else default_engine_device())
 
     @property
     def policy_version(self) -> int:
@@ -66,6 +73,7 @@ class BuiltinEngine:
                 mismatch, or names missing at the end. The model is then partially updated and
                 ``policy_version`` is not advanced; sync again before generating.
         """
+        self._restore()
         params = dict(self.model.named_parameters())
         seen: set[str] = set()
         for name, t in weights:
@@ -91,16 +99,38 @@ class BuiltinEngine:
         self.load_weights(item for b in buckets for item in unpack_bucket(b, verify=verify))
 
     def sleep(self, level: int = 1) -> None:
-        """Colocation hook. On CPU nothing is offloaded (the KV cache lives only inside ``generate``);
-        level 2 declares the weights stale, so ``generate`` refuses to run until the next sync."""
+        """Colocation hook (the KV cache lives only inside ``generate``, so it is already gone).
+
+        Level 1 offloads the weights to host memory when the model is on a GPU (a no-op on CPU);
+        level 2 frees the weights' storage on any device (shapes kept), so ``generate`` refuses to
+        run until the next ``load_weights`` re-allocates and fills them. Cached GPU blocks are released.
+        """
         if level not in (1, 2):
             raise ValueError(f"sleep level={level}; accepted: 1, 2")
+        with torch.no_grad():
+            if level == 2:
+                for name, p in self.model.named_parameters():
+                    self._dropped.setdefault(name, p.shape)
+                    p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            elif self.device.type != "cpu":
+                self.model.to("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
         self._asleep = level
 
     def wake_up(self) -> None:
         if self._asleep == 2:
             raise RuntimeError("engine slept at level 2 (weights dropped): call load_weights, not wake_up")
+        self._restore()
         self._asleep = 0
+
+    def _restore(self) -> None:
+        """Back on ``self.device``, with parameter storage re-allocated after a level-2 sleep."""
+        with torch.no_grad():
+            self.model.to(self.device)
+            for name, p in self.model.named_parameters():
+                if name in self._dropped:
+                    p.data = torch.empty(self._dropped.pop(name), dtype=p.dtype, device=self.device)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
@@ -115,14 +145,15 @@ class BuiltinEngine:
             raise ValueError("generate: prompts must be a non-empty list of non-empty token-id lists")
         rows = [(i, j) for i in range(len(prompts)) for j in range(params.n)]
         gens = [self._row_generator(params.seed, i, j) for i, j in rows]
-        ids, mask = _left_pad([prompts[i] for i, _ in rows])
+        dev = self.device
+        ids, mask = (t.to(dev) for t in _left_pad([prompts[i] for i, _ in rows]))
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
-        stop = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long)
+        stop = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=dev)
         greedy = params.temperature == 0
-        out_tok = torch.zeros(len(rows), params.max_tokens, dtype=torch.long)
-        out_lp = torch.zeros(len(rows), params.max_tokens)
-        length = torch.full((len(rows),), params.max_tokens)
-        done = torch.zeros(len(rows), dtype=torch.bool)
+        out_tok = torch.zeros(len(rows), params.max_tokens, dtype=torch.long, device=dev)
+        out_lp = torch.zeros(len(rows), params.max_tokens, device=dev)
+        length = torch.full((len(rows),), params.max_tokens, device=dev)
+        done = torch.zeros(len(rows), dtype=torch.bool, device=dev)
         cache, step_ids, step_pos = None, ids, pos
         for t in range(params.max_tokens):
             out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
@@ -140,6 +171,7 @@ class BuiltinEngine:
             step_ids, step_pos = tok[:, None], step_pos[:, -1:] + 1
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         result: list[list[Completion]] = [[] for _ in prompts]
+        out_tok, out_lp, length, done = out_tok.cpu(), out_lp.cpu(), length.cpu(), done.cpu()
         for r, (i, _) in enumerate(rows):
             n_tok = int(length[r])
             result[i].append(Completion(token_ids=out_tok[r, :n_tok].tolist(), logprobs=out_lp[r, :n_tok].tolist(),
@@ -155,6 +187,13 @@ class BuiltinEngine:
         else:
             g.manual_seed((seed * _SEED_STRIDE + prompt) * _SEED_STRIDE + sample)
         return g
+
+
+def default_engine_device() -> torch.device:
+    """The current CUDA device when CUDA is present (``set_device(LOCAL_RANK)`` picks it), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

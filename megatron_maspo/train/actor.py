@@ -16,6 +16,7 @@ each builds tensors only for its DP shard.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from collections.abc import Callable, Sequence
@@ -104,6 +105,10 @@ class MegatronActor:
             chunks[0].config, "moe_token_dispatcher_type", None) == "allgather"
         self.steps_done = 0
         self.steps_skipped = 0
+        # Hooks set by the trainer: a per-phase memory meter, and the offloader whose state must be
+        # resident before any forward/backward or export (offloaded storages are empty).
+        self.phase: Callable[[str], contextlib.AbstractContextManager] = lambda name: contextlib.nullcontext()
+        self.offloader: Any = None
 
     # ------------------------------------------------------------------ planning
     def plan(self, samples: Sequence[Sample]) -> tuple[list[MiniBatchPlan], list[int], PackStats]:
@@ -189,6 +194,7 @@ class MegatronActor:
         last-stage TP-rank-0 results are all-gathered as objects: a diagnostics path, not the one
         ``train_step`` uses (which keeps everything local).
         """
+        self._require_resident()
         plans, _, _ = self.plan(samples)
         local = self._logprobs_local(samples, plans, model=model)
         g = self.groups
@@ -298,11 +304,13 @@ class MegatronActor:
         Raises:
             RuntimeError: ``train.check_first_ratio`` and ``max |log ρ| > 1e-6`` on mini-batch 0.
         """
+        self._require_resident()
         self._check_same_batch(samples)
         plans, _, stats = self.plan(samples)
         for c in self.chunks:
             c.train()
-        self.fill_old_logprobs(samples, plans)
+        with self.phase("old_logprobs"):
+            self.fill_old_logprobs(samples, plans)
         sums: dict[str, float] = {}
         out: dict[str, float] = {"actor/truncated": float(stats.truncated),
                                  "actor/truncated_tokens": float(stats.truncated_tokens),
@@ -333,4 +341,9 @@ class MegatronActor:
 
     def named_modules_unwrapped(self) -> list:
         """The GPTModel chunks under DDP (for export and checkpointing)."""
+        self._require_resident()
         return [unwrap(c) for c in self.chunks]
+
+    def _require_resident(self) -> None:
+        if self.offloader is not None and self.offloader.offloaded:
+            raise RuntimeError("the actor's training state is offloaded to host memory: reload it first")

@@ -16,7 +16,6 @@ Distributed-optimizer state uses ``fully_reshardable`` sharding (cpu-notes.md §
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
 from pathlib import Path
@@ -25,6 +24,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_maspo.model.checkpoint import (
+    collective_atomic_dir,
+    load_model_state,
+    model_sharded_state_dict,
+)
 from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
 
 logger = logging.getLogger(__name__)
@@ -34,11 +38,7 @@ _OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
 def _sharded_state(actor: Any, *, is_loading: bool, with_optimizer: bool) -> dict:
-    chunks = actor.named_modules_unwrapped()
-    if len(chunks) == 1:
-        model_sd = {"model": chunks[0].sharded_state_dict()}
-    else:
-        model_sd = {f"model{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
+    model_sd = model_sharded_state_dict(actor.named_modules_unwrapped())
     state: dict = dict(model_sd)
     if with_optimizer:
         with spoof_tensor_type():
@@ -79,23 +79,20 @@ def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict
     from megatron.core import dist_checkpointing
 
     root = Path(root)
-    tmp, final = root / f".tmp_step_{step}", root / f"step_{step}"
-    if dist.get_rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "rng").mkdir(parents=True)
-    dist.barrier()
-    state = _sharded_state(actor, is_loading=False, with_optimizer=True)
-    state.update(scheduler=actor.scheduler.state_dict(), data_state=dict(data_state or {}),
-                 steps_done=actor.steps_done, world_size=dist.get_world_size())
-    dist_checkpointing.save(state, str(tmp))
-    torch.save(_rng_state(), tmp / "rng" / f"rank{dist.get_rank()}.pt")
-    dist.barrier()
-    if dist.get_rank() == 0:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+    final = root / f"step_{step}"
+
+    def prune() -> None:
         for old in list_checkpoints(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+
+    with collective_atomic_dir(final, overwrite=True, tmp_name=f".tmp_step_{step}",
+                               on_commit=prune) as tmp:
+        state = _sharded_state(actor, is_loading=False, with_optimizer=True)
+        state.update(scheduler=actor.scheduler.state_dict(), data_state=dict(data_state or {}),
+                     steps_done=actor.steps_done, world_size=dist.get_world_size())
+        dist_checkpointing.save(state, str(tmp))
+        (tmp / "rng").mkdir(exist_ok=True)
+        torch.save(_rng_state(), tmp / "rng" / f"rank{dist.get_rank()}.pt")
     logger.info("saved checkpoint %s", final)
     return final
 
@@ -130,9 +127,7 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
                     init()
     state = _sharded_state(actor, is_loading=True, with_optimizer=load_optimizer)
     loaded = dist_checkpointing.load(state, str(path))
-    chunks = actor.named_modules_unwrapped()
-    for i, c in enumerate(chunks):
-        c.load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"])
+    load_model_state(actor.named_modules_unwrapped(), loaded)
     if load_optimizer:
         with spoof_tensor_type():
             actor.optimizer.load_state_dict(loaded["optimizer"])

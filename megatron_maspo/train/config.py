@@ -70,6 +70,13 @@ class TrainConfig:
     """Tokens per chunk in the fused log-prob/entropy kernel."""
     reference_model: bool = False
     """Keep a frozen reference model for a KL term (only needed when loss.kl_coef > 0)."""
+    offload_params: bool = False
+    """Colocation: move the actor's parameters (and the reference model's) to pinned host memory while
+    the engine generates, and back before training (bit-identical)."""
+    offload_grads: bool = False
+    """Colocation: the same for the gradient buffers (Megatron DDP ``grad_data``, fp32 main grads)."""
+    offload_optimizer: bool = False
+    """Colocation: the same for the optimizer state (fp32 master copies, Adam moments)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "mini_batches_per_step", "max_tokens_per_micro_batch",

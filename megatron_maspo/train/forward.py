@@ -26,6 +26,7 @@ import torch
 
 from megatron_maspo.loss.metrics import accumulate_metrics
 from megatron_maspo.loss.reduce import megatron_loss_tuple
+from megatron_maspo.model.checkpoint import unwrap
 from megatron_maspo.parallel.logprobs import vocab_parallel_logprobs_from_hidden
 
 logger = logging.getLogger(__name__)
@@ -47,13 +48,6 @@ class _PassThrough(torch.nn.Module):
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor | None = None,
                 runtime_gather_output: bool | None = None) -> tuple[torch.Tensor, None]:
         return hidden, None
-
-
-def unwrap(model: Any) -> Any:
-    """The ``GPTModel`` under DDP / Float16Module wrappers."""
-    while hasattr(model, "module"):
-        model = model.module
-    return model
 
 
 def output_weight(model: Any) -> torch.Tensor:

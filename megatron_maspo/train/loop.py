@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import random
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -32,6 +33,13 @@ from megatron_maspo.loss.advantages import compute_advantages
 from megatron_maspo.rollout.types import SamplingParams
 from megatron_maspo.train.components import PromptOrder, build_engine, build_policy_source
 from megatron_maspo.train.distributed import broadcast_object, setup_distributed
+from megatron_maspo.train.memory import GB, PhaseMemory
+from megatron_maspo.train.offload import (
+    StateOffloader,
+    offload_categories,
+    release_cached_memory,
+    training_tensors,
+)
 from megatron_maspo.train.rollout_batch import (
     PromptGroup,
     group_metrics,
@@ -80,6 +88,7 @@ class Trainer:
         self.run_dir = Path(cfg.checkpoint.run_dir)
         self.tokenizer, self.spec, init = build_policy_source(cfg, self.groups)
         self.actor = MegatronActor(cfg, self.spec, self.groups, init_weights=init)
+        self.memory, self.offloader = _memory_hooks(self.actor, cfg)
         self.engine = build_engine(cfg, self.spec, self.tokenizer) if self.rank == 0 else None
         self.examples = self._load_examples()
         self.step = 0
@@ -126,11 +135,13 @@ class Trainer:
                                     seed=self.cfg.train.seed * 7919 + step * 101 + round_)
             prompts = [self.examples[i].prompt_ids for i in idx]
             t0 = time.perf_counter()
-            comps = self.engine.generate(prompts, params)
+            with self.memory.phase("generate"):
+                comps = self.engine.generate(prompts, params)
             self.timings["time/generate"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            groups = grade_groups(self.reward_fn, self.tokenizer, idx, prompts,
-                                  [self.examples[i].answer for i in idx], comps)
+            with self.memory.phase("grade"):
+                groups = grade_groups(self.reward_fn, self.tokenizer, idx, prompts,
+                                      [self.examples[i].answer for i in idx], comps)
             self.timings["time/grade"] += time.perf_counter() - t0
             tc = self.cfg.train
             for g in groups:
@@ -185,11 +196,12 @@ class Trainer:
         from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
 
         dtype = torch.bfloat16 if self.cfg.model.bf16 else torch.float32
-        if self.engine is not None and self.version > 0 and self.cfg.rollout.sleep_level == 1:
-            self.engine.wake_up()  # level 1 kept (offloaded) weights; level 2 is woken by the load
-        stats = sync_weights(self.actor.named_modules_unwrapped(), self.spec, self.groups, self.engine,
-                             bucket_bytes=bucket_bytes_from_mb(self.cfg.rollout.bucket_mb), dtype=dtype,
-                             verify_checksums=self.cfg.rollout.verify_checksums)
+        with self.memory.phase("sync"):
+            if self.engine is not None and self.version > 0 and self.cfg.rollout.sleep_level == 1:
+                self.engine.wake_up()  # level 1 kept (offloaded) weights; level 2 is woken by the load
+            stats = sync_weights(self.actor.named_modules_unwrapped(), self.spec, self.groups,
+                                 self.engine, bucket_bytes=bucket_bytes_from_mb(self.cfg.rollout.bucket_mb),
+                                 dtype=dtype, verify_checksums=self.cfg.rollout.verify_checksums)
         self.version += 1
         return stats.seconds
 
@@ -256,6 +268,7 @@ class Trainer:
         cfg, tc = self.cfg, self.cfg.train
         self.timings = {k: 0.0 for k in ("time/generate", "time/grade", "time/train", "time/sync")}
         t_start = time.perf_counter()
+        offloaded = self.offloader.offload()  # colocation: the engine gets the trainer's memory
         kept: list[PromptGroup] = []
         seen: list[PromptGroup] = []
         dropped = 0
@@ -276,10 +289,13 @@ class Trainer:
         if self.engine is not None:
             # Colocation: free the engine's memory for the update; the sync below refills its weights.
             self.engine.sleep(cfg.rollout.sleep_level)
+        self.offloader.reload()
         samples = self.build_samples(kept)
         _version_check(samples, self.version, cfg)
         t0 = time.perf_counter()
-        actor_metrics = self.actor.train_step(samples)
+        with self.memory.phase("train"):
+            actor_metrics = self.actor.train_step(samples)
+        release_cached_memory()  # before the engine wakes in the sync
         self.timings["time/train"] = time.perf_counter() - t0
         mismatch = self._mismatch(samples)
         self.timings["time/sync"] = self.sync()
@@ -287,10 +303,23 @@ class Trainer:
                    **_rename_actor_metrics(actor_metrics), **mismatch, **self.timings,
                    "rollout/dropped_groups": float(dropped), "rollout/policy_version": float(self.version),
                    "data/skipped_rows": float(sum(self.data_skips.values())),
-                   "time/step": time.perf_counter() - t_start}
+                   "time/step": time.perf_counter() - t_start,
+                   **self.memory.pop_metrics(), "memory/offloaded_gb": offloaded / GB}
         if self.rank == 0 and self.reward_fn is not None:
             metrics.update({f"reward/{k}_total": float(v) for k, v in self.reward_fn.totals.items()})
         return metrics
+
+
+def _memory_hooks(actor, cfg: MaspoConfig) -> tuple[PhaseMemory, StateOffloader]:
+    """The per-phase memory meter and the training-state offloader, installed on the actor."""
+    tc = cfg.train
+    memory = PhaseMemory(actor.device)
+    offloader = StateOffloader(
+        partial(training_tensors, actor.chunks, actor.optimizer, actor.reference or ()),
+        enabled=offload_categories(tc.offload_params, tc.offload_grads, tc.offload_optimizer),
+        device=actor.device)
+    actor.phase, actor.offloader = memory.phase, offloader
+    return memory, offloader
 
 
 def _write_export_assets(path: Path, spec, tokenizer) -> None:

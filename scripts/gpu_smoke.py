@@ -1,0 +1,194 @@
+"""Python parts of ``scripts/gpu_smoke.sh`` (one subcommand per part; each prints one ``SMOKE`` line).
+
+    python scripts/gpu_smoke.py nccl [--cpu]            1-rank NCCL group: CUDA all-reduce works, a CPU
+                                                        tensor is refused loudly (gloo with --cpu)
+    python scripts/gpu_smoke.py make-hf OUT             a tiny random Qwen2 HF folder (fp32) to convert
+    python scripts/gpu_smoke.py check-train RUN --steps N [--cpu]
+                                                        metrics.jsonl of a smoke training run: N steps,
+                                                        finite losses, memory/* for every phase
+    python scripts/gpu_smoke.py logprobs [--cpu]        vocab-parallel log-probs + entropy (logits given
+                                                        and from hidden) vs a naive full log-softmax in
+                                                        the same run: max error, time and peak-memory ratios
+
+Exit status 0 = the part passed. ``--cpu`` runs the same code on CPU with gloo (fast shapes), so the
+script's Python is tested without a GPU (tests/unit/scripts/test_gpu_smoke.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PHASES = ("generate", "grade", "old_logprobs", "train", "sync")
+
+
+def _device(cpu: bool) -> torch.device:
+    if cpu:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("CUDA is not available (use --cpu for the CPU rehearsal)")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _init_group(cpu: bool) -> None:
+    import torch.distributed as dist
+
+    from megatron_maspo.parallel.launch import free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
+                      LOCAL_RANK="0")
+    dist.init_process_group("gloo" if cpu else "nccl", rank=0, world_size=1)
+
+
+def cmd_nccl(a: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    dev = _device(a.cpu)
+    _init_group(a.cpu)
+    t = torch.arange(4, dtype=torch.float32, device=dev)
+    dist.all_reduce(t)
+    ok = torch.equal(t.cpu(), torch.arange(4, dtype=torch.float32))
+    refused = "n/a (gloo accepts CPU tensors)"
+    if not a.cpu:
+        try:
+            dist.all_reduce(torch.ones(1))  # a CPU control tensor on an NCCL-only group
+            refused = "NO: a CPU tensor went through an NCCL group"
+            ok = False
+        except (RuntimeError, ValueError) as e:
+            refused = f"yes ({str(e).splitlines()[0][:70]})"
+    dist.destroy_process_group()
+    print(f"SMOKE nccl: backend={'gloo' if a.cpu else 'nccl'} all_reduce={'ok' if ok else 'WRONG'} "
+          f"cpu_tensor_refused={refused}")
+    return 0 if ok else 1
+
+
+def cmd_make_hf(a: argparse.Namespace) -> int:
+    from megatron_maspo.model.tiny_hf import make_tiny_hf_model
+
+    make_tiny_hf_model("qwen2", a.out, vocab_size=301, seed=0, num_hidden_layers=2)
+    print(f"SMOKE make-hf: tiny qwen2 (fp32) in {a.out}")
+    return 0
+
+
+def cmd_check_train(a: argparse.Namespace) -> int:
+    recs = [json.loads(x) for x in (Path(a.run) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    problems = []
+    if len(recs) != a.steps:
+        problems.append(f"{len(recs)} steps logged, expected {a.steps}")
+    kinds = ["peak_rss", "rss"] + ([] if a.cpu else ["peak_alloc", "peak_reserved"])
+    for r in recs:
+        loss = r.get("actor/loss")
+        if loss is None or not math.isfinite(loss):
+            problems.append(f"step {r.get('step')}: actor/loss={loss}")
+        missing = [f"{p}_{k}" for p in PHASES for k in kinds if f"memory/{p}_{k}_gb" not in r]
+        if missing:
+            problems.append(f"step {r.get('step')}: no memory/{missing[0]}_gb (+{len(missing) - 1})")
+    last = recs[-1] if recs else {}
+    step_s = statistics.median(r["time/step"] for r in recs) if recs else float("nan")
+    mem = "rss" if a.cpu else "peak_alloc"
+    figs = " ".join(f"{p}={last.get(f'memory/{p}_{mem}_gb', float('nan')):.2f}" for p in PHASES)
+    print(f"SMOKE train: steps={len(recs)} step_s(median)={step_s:.2f} "
+          f"reward={last.get('reward/mean', float('nan')):.3f} loss={last.get('actor/loss', float('nan')):.4f} "
+          f"offloaded_gb={last.get('memory/offloaded_gb', 0.0):.3f} {mem}_gb[{figs}]"
+          + ("" if not problems else " PROBLEMS: " + "; ".join(problems[:3])))
+    return 0 if not problems else 1
+
+
+def _timed(fn, dev: torch.device, reps: int) -> tuple[float, float, object]:
+    """(median seconds, peak extra GB over the inputs, last output) of ``fn()``."""
+    times, peak, out = [], 0.0, None
+    for _ in range(reps):
+        out = None
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            base = torch.cuda.memory_allocated(dev)
+        t0 = time.perf_counter()
+        out = fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+            peak = max(peak, (torch.cuda.max_memory_allocated(dev) - base) / 2**30)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), peak, out
+
+
+def cmd_logprobs(a: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    from megatron_maspo.parallel import vocab_parallel_logprobs as vpl
+    from megatron_maspo.parallel import vocab_parallel_logprobs_from_hidden as vplh
+
+    dev = _device(a.cpu)
+    _init_group(a.cpu)
+    n, v, h = (256, 4096, 64) if a.cpu else (a.tokens, a.vocab, a.hidden)
+    g = torch.Generator(device=dev).manual_seed(0)
+    labels = torch.randint(0, v, (n,), device=dev, generator=g)
+    z = torch.randn(n, v, device=dev, generator=g) * 3
+    hid = torch.randn(n, h, device=dev, generator=g)
+    w = torch.randn(v, h, device=dev, generator=g) / h**0.5
+    group = dist.group.WORLD
+
+    def naive(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        return logp.gather(1, labels[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
+
+    def run(kind: str, fused: bool):
+        zz = z.detach().requires_grad_()
+        hh, ww = hid.detach().requires_grad_(), w.detach().requires_grad_()
+        if kind == "logits":
+            lp, ent = vpl(zz, labels, group) if fused else naive(zz)
+            (lp.sum() + ent.sum()).backward()
+            return lp.detach(), ent.detach(), zz.grad
+        lp, ent = vplh(hh, ww, labels, group) if fused else naive(hh @ ww.t())
+        (lp.sum() + ent.sum()).backward()
+        return lp.detach(), ent.detach(), ww.grad
+
+    lines, ok = [], True
+    for kind in ("logits", "hidden"):
+        t_n, m_n, ref = _timed(functools.partial(run, kind, False), dev, a.reps)
+        t_c, m_c, got = _timed(functools.partial(run, kind, True), dev, a.reps)
+        err = max((x - y).abs().max().item() / max(y.abs().max().item(), 1e-12)
+                  for x, y in zip(got, ref, strict=True))
+        ok &= err < 1e-4
+        mem = f" mem x{m_c / m_n:.2f}" if m_n > 0 else ""
+        lines.append(f"{kind}: max_rel_err={err:.1e} time x{t_c / t_n:.2f}{mem}")
+    dist.destroy_process_group()
+    print(f"SMOKE logprobs: N={n} V={v} H={h} fwd+bwd vs naive full log-softmax, same run: "
+          + "; ".join(lines))
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("nccl")
+    s.add_argument("--cpu", action="store_true")
+    s = sub.add_parser("make-hf")
+    s.add_argument("out")
+    s = sub.add_parser("check-train")
+    s.add_argument("run")
+    s.add_argument("--steps", type=int, required=True)
+    s.add_argument("--cpu", action="store_true")
+    s = sub.add_parser("logprobs")
+    s.add_argument("--cpu", action="store_true")
+    s.add_argument("--tokens", type=int, default=8192)
+    s.add_argument("--vocab", type=int, default=152064)
+    s.add_argument("--hidden", type=int, default=3584)
+    s.add_argument("--reps", type=int, default=3)
+    a = p.parse_args(argv)
+    return {"nccl": cmd_nccl, "make-hf": cmd_make_hf, "check-train": cmd_check_train,
+            "logprobs": cmd_logprobs}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
