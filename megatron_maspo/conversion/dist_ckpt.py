@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from megatron_maspo.conversion.plan import unwrap
 from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.parallel import comm
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def save_model_checkpoint(chunks: list[torch.nn.Module], path: str | Path, spec:
             box[0] = str(tmp)
         except Exception as e:  # tell the other ranks before raising, or they hang in the save
             box[0] = e
-    dist.broadcast_object_list(box, src=0)
+    box[0] = comm.broadcast_object(box[0], src=0)
     if isinstance(box[0], Exception):
         raise box[0]
     tmp = Path(box[0])
@@ -90,8 +91,7 @@ def save_model_checkpoint(chunks: list[torch.nn.Module], path: str | Path, spec:
         ok = False
         raise
     finally:
-        flags = [None] * dist.get_world_size()
-        dist.all_gather_object(flags, ok)
+        flags = comm.all_gather_object(ok)
         if rank == 0:
             if all(flags):
                 (tmp / ARCH_FILE).write_text(json.dumps(dataclasses.asdict(spec), indent=2))
@@ -103,7 +103,7 @@ def save_model_checkpoint(chunks: list[torch.nn.Module], path: str | Path, spec:
                 os.replace(tmp, final)
             else:
                 shutil.rmtree(tmp, ignore_errors=True)
-        dist.barrier()
+        comm.barrier()
     if not all(flags):
         raise RuntimeError(f"dist-checkpoint save to {final} failed on ranks "
                            f"{[r for r, f in enumerate(flags) if not f]}")

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
 
 logger = logging.getLogger(__name__)
@@ -83,19 +84,19 @@ def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict
     if dist.get_rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / "rng").mkdir(parents=True)
-    dist.barrier()
+    comm.barrier()
     state = _sharded_state(actor, is_loading=False, with_optimizer=True)
     state.update(scheduler=actor.scheduler.state_dict(), data_state=dict(data_state or {}),
                  steps_done=actor.steps_done, world_size=dist.get_world_size())
     dist_checkpointing.save(state, str(tmp))
     torch.save(_rng_state(), tmp / "rng" / f"rank{dist.get_rank()}.pt")
-    dist.barrier()
+    comm.barrier()
     if dist.get_rank() == 0:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         for old in list_checkpoints(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+    comm.barrier()
     logger.info("saved checkpoint %s", final)
     return final
 
