@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -70,12 +71,13 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, timeou
 
 
 def _teardown() -> None:
-    try:
-        from megatron_maspo.parallel.groups import destroy_parallel
+    if "megatron.core.parallel_state" in sys.modules:  # importing Megatron just to tear down costs seconds
+        try:
+            from megatron_maspo.parallel.groups import destroy_parallel
 
-        destroy_parallel()
-    except Exception:
-        pass
+            destroy_parallel()
+        except Exception:
+            pass
     dist.destroy_process_group()
 
 

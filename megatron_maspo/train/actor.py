@@ -266,8 +266,8 @@ class MegatronActor:
                 "'mask' drops the tokens)")
         if flags.max() > 0:
             logger.warning("non-finite loss, gradient or loss input on some rank: optimizer step %d "
-                           "skipped",
-                           self.steps_done)
+                           "skipped on rank %d", self.steps_done, torch.distributed.get_rank()
+                           if torch.distributed.is_initialized() else 0)
             for c in self.chunks:
                 c.zero_grad_buffer()
             self.optimizer.zero_grad()
