@@ -237,9 +237,9 @@ class Trainer:
                     break
         finally:
             sink.close()
-            stop.restore()
             if self.reward_fn is not None:
                 self.reward_fn.close()
+            stop.restore()  # last: a launcher's SIGTERM during the clean-up only sets the stop flag
         if self.rank == 0 and cfg.logging.plots:
             from megatron_maspo.train.plots import plot_run
 
