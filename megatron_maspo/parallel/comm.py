@@ -22,8 +22,10 @@ to the current CUDA device here. We do not initialise ``"cpu:gloo,cuda:nccl"``:
 Groups someone creates with another backend (Megatron's explicit gloo groups) work too: the device is
 read from the group, never assumed.
 
-Every function is a no-op (returns its input) without an initialised world, so single-process code
-and unit tests call them unconditionally.
+Every function is a no-op (returns its input) without an initialised process group, so
+single-process code and unit tests call them unconditionally. Tensor collectives run on any
+initialised group, one rank included: a one-GPU NCCL world exercises the same staging as a cluster.
+Object collectives and barriers return at once on a one-rank group.
 """
 
 from __future__ import annotations
@@ -37,9 +39,14 @@ import torch.distributed as dist
 ReduceOp = dist.ReduceOp
 
 
+def initialized() -> bool:
+    """True when the default process group exists."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def active(group: Any = None) -> bool:
     """True when a process group exists and ``group`` (default: the world) has more than one rank."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+    return initialized() and dist.get_world_size(group) > 1
 
 
 def default_backend(world_size: int | None = None) -> str:
@@ -125,7 +132,7 @@ def _write_back(t: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- tensor collectives
 def all_reduce(t: torch.Tensor, op: dist.ReduceOp = ReduceOp.SUM, group: Any = None) -> torch.Tensor:
     """In-place all-reduce of ``t`` (any shape, any device) over ``group``; returns ``t``."""
-    if not active(group):
+    if not initialized():
         return t
     buf = _staged(t, group)
     dist.all_reduce(buf, op=op, group=group)
@@ -135,7 +142,7 @@ def all_reduce(t: torch.Tensor, op: dist.ReduceOp = ReduceOp.SUM, group: Any = N
 def broadcast(t: torch.Tensor, src: int, group: Any = None) -> torch.Tensor:
     """In-place broadcast of ``t`` from global rank ``src``; on receivers ``t`` is the preallocated
     buffer (same shape and dtype), e.g. a CPU ``torch.empty``. Returns ``t``."""
-    if not active(group):
+    if not initialized():
         return t
     buf = _staged(t, group)
     dist.broadcast(buf, src=src, group=group)
@@ -144,7 +151,7 @@ def broadcast(t: torch.Tensor, src: int, group: Any = None) -> torch.Tensor:
 
 def all_gather(t: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
     """Every rank's ``t`` (same shape and dtype on all ranks), in group-rank order, on ``t``'s device."""
-    if not active(group):
+    if not initialized():
         return [t]
     buf = _staged(t, group)
     parts = [torch.empty_like(buf) for _ in range(dist.get_world_size(group))]
