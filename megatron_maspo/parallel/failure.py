@@ -57,14 +57,15 @@ def report_and_exit(what: str, code: int = 1) -> None:
 def exit_on_error(what: str) -> Iterator[None]:
     """Within the block, an exception in a multi-rank world ends this process (see module docstring).
 
-    A one-process world re-raises as usual (clean tracebacks, the CLI's exit codes). ``SystemExit(0)``
-    passes through.
+    Before the process group exists (config errors) or in a one-process world, exceptions propagate
+    as usual (one-line errors, the CLI's exit codes): no peer can be waiting on this rank yet.
+    ``SystemExit(0)`` passes through.
     """
     try:
         yield
     except BaseException as e:
         if isinstance(e, SystemExit) and not e.code:
             raise
-        if _rank_and_world()[1] <= 1:
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             raise
         report_and_exit(what)

@@ -66,7 +66,7 @@ def _collectives(rank: int, world: int) -> dict:
 
 def test_collectives_match_reference_and_follow_group_device():
     res = run_workers(_collectives, 2)
-    for rank, r in enumerate(res):
+    for r in res:
         assert r["sum"] == 3.0
         assert r["max_int"] == (torch.int64, 10)
         torch.testing.assert_close(r["noncontig"], torch.arange(6.0).view(2, 3).t() * 3)
