@@ -22,7 +22,7 @@ to the current CUDA device here. We do not initialise ``"cpu:gloo,cuda:nccl"``:
 Groups someone creates with another backend (Megatron's explicit gloo groups) work too: the device is
 read from the group, never assumed.
 
-Every function is a no-op (returns its input) without an initialised process group, so
+Every function but ``send``/``recv`` is a no-op (returns its input) without a process group, so
 single-process code and unit tests call them unconditionally. Tensor collectives run on any
 initialised group, one rank included: a one-GPU NCCL world exercises the same staging as a cluster.
 Object collectives and barriers return at once on a one-rank group.
