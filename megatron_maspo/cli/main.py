@@ -44,8 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 0
+    from megatron_maspo.parallel.failure import exit_on_error
+
     try:
-        return int(args.run(args) or 0)
+        with exit_on_error(f"maspo {args.command}"):  # several ranks: an error ends this rank at once
+            return int(args.run(args) or 0)
     except (ValueError, FileNotFoundError) as e:
         # Configuration and input errors: one clear line, no traceback, before any work starts.
         print(f"maspo {args.command}: error: {e}", file=sys.stderr)

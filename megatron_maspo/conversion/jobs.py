@@ -1,8 +1,10 @@
 """Whole-checkpoint conversion jobs (what the scripts and ``maspo convert`` run).
 
 Each job runs one worker per rank: under ``torchrun`` (``RANK``/``WORLD_SIZE`` set) in the current
-process, otherwise on ``tp·pp·ep`` spawned gloo ranks (``run_workers``). The worker functions are
-module-level so spawn can pickle them; entry scripts must keep their work under
+process, otherwise on ``tp·pp·ep`` spawned local ranks (``run_workers``). Either way each rank first
+binds GPU ``LOCAL_RANK`` (on CPU a no-op), and the model is built in the checkpoint's own dtype (HF
+``config.json`` ``torch_dtype``; the dist checkpoint's tensor metadata) on that device. The worker
+functions are module-level so spawn can pickle them; entry scripts must keep their work under
 ``if __name__ == "__main__":`` (dist-checkpoint save spawns a helper that re-imports ``__main__``).
 """
 
@@ -15,6 +17,8 @@ from typing import Any
 
 import torch
 
+from megatron_maspo.parallel import comm
+
 logger = logging.getLogger(__name__)
 
 
@@ -23,12 +27,44 @@ def _world(tp: int, pp: int, ep: int) -> int:
     return tp * pp * max(1, ep // tp)
 
 
-def _groups_and_chunks(spec, tp: int, pp: int, ep: int):
+_HF_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def hf_checkpoint_dtype(hf_dir: str | Path) -> torch.dtype:
+    """The parameter dtype an HF folder declares (``torch_dtype``, or ``dtype`` in newer
+    transformers); float32 when it declares none."""
+    import json
+
+    cfg = json.loads((Path(hf_dir) / "config.json").read_text())
+    name = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
+    if name not in _HF_DTYPES:
+        raise ValueError(f"{hf_dir}/config.json: torch_dtype={name!r}; accepted: {sorted(_HF_DTYPES)}")
+    return _HF_DTYPES[name]
+
+
+def megatron_checkpoint_dtype(ckpt: str | Path) -> torch.dtype:
+    """The model tensors' dtype in a dist checkpoint, from its metadata (no tensor is read).
+
+    Optimizer state (fp32 next to bf16 weights in a training checkpoint) is ignored; mixed model
+    dtypes give the widest one, so nothing is rounded.
+    """
+    from megatron.core import dist_checkpointing
+
+    meta = dist_checkpointing.load_tensors_metadata(str(ckpt))
+    found = {v.dtype for k, v in meta.items() if not k.startswith("optimizer")
+             and getattr(v, "dtype", None) is not None and v.dtype.is_floating_point}
+    if not found:
+        raise ValueError(f"{ckpt}: no floating-point model tensor in the checkpoint metadata")
+    return max(found, key=lambda d: torch.finfo(d).bits)
+
+
+def _groups_and_chunks(spec, tp: int, pp: int, ep: int, dtype: torch.dtype):
+    """Parallel state and this rank's chunks, built in ``dtype`` on this rank's device."""
     from megatron_maspo.model.provider import ModelBuildOptions, build_model_chunks
     from megatron_maspo.parallel.groups import init_parallel
 
     groups = init_parallel(tp=tp, pp=pp, ep=ep)
-    opts = ModelBuildOptions(tp=tp, pp=pp, ep=ep)
+    opts = ModelBuildOptions(tp=tp, pp=pp, ep=ep, params_dtype=dtype, bf16=dtype == torch.bfloat16)
     return groups, build_model_chunks(spec, opts, pp_rank=groups.pp_rank)
 
 
@@ -52,7 +88,10 @@ def _verify(chunks, spec, groups, hf_dir: str | Path) -> float | None:
         return None
     from transformers import AutoModelForCausalLM
 
-    ref_model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    # The reference runs in the Megatron model's dtype on its device (the HF folder's own dtype).
+    param = next(chunks[0].parameters())
+    ref_model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=param.dtype)
+    ref_model = ref_model.to(param.device).eval()
     err = max_relative_error(got, hf_logits(ref_model, tokens))
     logger.info("verify: max relative logits error %.3e over %s tokens", err, tuple(tokens.shape))
     return err
@@ -66,7 +105,7 @@ def hf_to_megatron_rank(rank: int, world: int, hf_dir: str, out: str, tp: int, p
     from megatron_maspo.model.hf_config import arch_spec_from_hf
 
     spec = arch_spec_from_hf(hf_dir)
-    groups, chunks = _groups_and_chunks(spec, tp, pp, ep)
+    groups, chunks = _groups_and_chunks(spec, tp, pp, ep, hf_checkpoint_dtype(hf_dir))
     load_hf_weights(chunks, spec, groups, hf_dir)
     save_model_checkpoint(chunks, out, spec, hf_assets=hf_dir)
     result: dict[str, Any] = {"rank": rank, "out": out}
@@ -91,14 +130,13 @@ def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp:
     from megatron_maspo.model.hf_config import hf_config_dict
 
     spec = load_arch_spec(ckpt)
-    groups, chunks = _groups_and_chunks(spec, tp, pp, ep)
+    groups, chunks = _groups_and_chunks(spec, tp, pp, ep, megatron_checkpoint_dtype(ckpt))
     load_model_checkpoint(chunks, ckpt)
-    tdtype = getattr(torch, dtype) if dtype else None
+    tdtype = getattr(torch, dtype) if dtype else next(chunks[0].parameters()).dtype
     stream = export_hf_weights(chunks, spec, groups, dtype=tdtype)
     if rank == 0:
         config = hf_config_dict(spec)
-        if tdtype is not None:
-            config["torch_dtype"] = str(tdtype).removeprefix("torch.")
+        config["torch_dtype"] = str(tdtype).removeprefix("torch.")
         assets = Path(ckpt) / ASSETS_DIR
         try:
             save_hf_folder(stream, out, config, copy_from=assets if assets.is_dir() else None)
@@ -109,7 +147,7 @@ def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp:
     else:
         for _ in stream:
             pass
-    torch.distributed.barrier()
+    comm.barrier()
     result: dict[str, Any] = {"rank": rank, "out": out}
     if verify:
         result["max_rel_error"] = _verify(chunks, spec, groups, out)
@@ -120,13 +158,13 @@ def run_job(fn, tp: int, pp: int, ep: int, *args: Any, timeout_s: float = 3600) 
     """Run ``fn(rank, world, *args)`` on every rank: in-process under torchrun, else spawned."""
     world = _world(tp, pp, ep)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        import torch.distributed as dist
+        from megatron_maspo.parallel.failure import exit_on_error
 
         if int(os.environ["WORLD_SIZE"]) != world:
             raise ValueError(f"torchrun WORLD_SIZE={os.environ['WORLD_SIZE']} but tp*pp*ep layout needs {world}")
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        return [fn(dist.get_rank(), world, *args)]
+        rank, _ = comm.init_default_group()  # binds GPU LOCAL_RANK first
+        with exit_on_error(f"conversion rank {rank}"):
+            return [fn(rank, world, *args)]
     from megatron_maspo.parallel.launch import run_workers
 
     return run_workers(fn, world, *args, timeout_s=timeout_s)

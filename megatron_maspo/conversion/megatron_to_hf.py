@@ -30,6 +30,7 @@ from megatron_maspo.conversion.plan import (
 )
 from megatron_maspo.conversion.shard import gated_merge, qkv_merge, tp_merge, unpad_vocab
 from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.groups import ParallelGroups
 
 logger = logging.getLogger(__name__)
@@ -44,17 +45,13 @@ def _manifest(chunks: list[torch.nn.Module], groups: ParallelGroups) -> list[dic
             "dtype": str(dtypes.pop()).removeprefix("torch.") if len(dtypes) == 1 else None}
     if groups.pp == 1:
         return [mine]
-    out: list = [None] * groups.pp
-    dist.all_gather_object(out, mine, group=groups.pp_group)
-    return out
+    return comm.all_gather_object(mine, group=groups.pp_group)
 
 
 def _gather(t: torch.Tensor, n: int, group) -> list[torch.Tensor]:
     if n == 1:
         return [t]
-    parts = [torch.empty_like(t) for _ in range(n)]
-    dist.all_gather(parts, t.contiguous(), group=group)
-    return parts
+    return comm.all_gather(t, group=group)
 
 
 def _to_hf(item: Item, parts: list[torch.Tensor], spec: ArchSpec) -> list[torch.Tensor]:
@@ -122,6 +119,7 @@ def export_hf_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Par
         for i, layer in enumerate(chunk_layers(chunk)):
             local[layer] = (params, i)
     models = [unwrap(c) for c in chunks]
+    device = next(models[0].parameters()).device
     first = dict(models[0].named_parameters())
     last = dict(models[-1].named_parameters())
     for item in global_items(spec):
@@ -135,11 +133,12 @@ def export_hf_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Par
                 params, local_layer = local[item.layer]
             tensors = _owned_tensors(item, params, local_layer, spec, groups, wire)
         else:
-            tensors = [torch.empty(hf_shape(n, spec), dtype=wire) for n in names]
+            # receive buffers where the owner's tensors are: the parameters' device
+            tensors = [torch.empty(hf_shape(n, spec), dtype=wire, device=device) for n in names]
         if groups.pp > 1:
             src = dist.get_global_rank(groups.pp_group, owner)
             for t in tensors:
-                dist.broadcast(t, src=src, group=groups.pp_group)
+                comm.broadcast(t, src=src, group=groups.pp_group)
         yield from zip(names, tensors, strict=True)
 
 
@@ -175,7 +174,7 @@ def save_hf_folder(named: Iterable[tuple[str, torch.Tensor]], out_dir: str | Pat
             nbytes = t.numel() * t.element_size()
             if buf and size + nbytes > max_shard_bytes:
                 flush()
-            buf[name] = t.contiguous()
+            buf[name] = t.to("cpu").contiguous()  # shards are buffered on the host, not the GPU
             size += nbytes
             total += nbytes
         flush()

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from megatron_maspo.conversion.plan import unwrap
 from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.groups import ParallelGroups
 
 logger = logging.getLogger(__name__)
@@ -31,29 +32,29 @@ def megatron_logits(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Paral
         raise ValueError(f"megatron_logits supports one chunk per rank (no VPP); got {len(chunks)}")
     model = unwrap(chunks[0])
     model.eval()
+    param = next(model.parameters())
+    tokens = tokens.to(param.device)  # callers build token ids on the CPU
     b, s = tokens.shape
-    pos = torch.arange(s).expand(b, s)
+    pos = torch.arange(s, device=param.device).expand(b, s)
     if not groups.is_first_stage:
-        hidden = torch.empty(s, b, spec.hidden_size, dtype=next(model.parameters()).dtype)
-        dist.recv(hidden, src=dist.get_global_rank(groups.pp_group, groups.pp_rank - 1),
+        hidden = torch.empty(s, b, spec.hidden_size, dtype=param.dtype, device=param.device)
+        comm.recv(hidden, src=dist.get_global_rank(groups.pp_group, groups.pp_rank - 1),
                   group=groups.pp_group)
         model.set_input_tensor(hidden)
     out = model(tokens, pos, None)
     if not groups.is_last_stage:
-        dist.send(out.contiguous(), dst=dist.get_global_rank(groups.pp_group, groups.pp_rank + 1),
+        comm.send(out, dst=dist.get_global_rank(groups.pp_group, groups.pp_rank + 1),
                   group=groups.pp_group)
         return None
     if groups.tp > 1:  # vocab-parallel [b, s, Vp/t] -> [b, s, Vp]
-        parts = [torch.empty_like(out) for _ in range(groups.tp)]
-        dist.all_gather(parts, out.contiguous(), group=groups.tp_group)
-        out = torch.cat(parts, dim=-1)
+        out = torch.cat(comm.all_gather(out, group=groups.tp_group), dim=-1)
     return out[..., : spec.vocab_size].float()
 
 
 @torch.no_grad()
 def hf_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits ``[b, s, V]`` (fp32) of a transformers causal LM."""
-    return model(input_ids=tokens).logits.float()
+    """Logits ``[b, s, V]`` (fp32) of a transformers causal LM (``tokens`` moved to its device)."""
+    return model(input_ids=tokens.to(model.device)).logits.float()
 
 
 def max_relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:

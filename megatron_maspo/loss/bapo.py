@@ -21,6 +21,7 @@ import torch.distributed as dist
 from megatron_maspo.loss.base import MethodOutput, TokenContext, clamped_log_ratio
 from megatron_maspo.loss.config import LossConfig
 from megatron_maspo.loss.ppo import ppo_clip_loss
+from megatron_maspo.parallel import comm
 
 
 def _grid(lo: float, hi: float, step: float, like: torch.Tensor) -> torch.Tensor:
@@ -54,7 +55,7 @@ def bapo_search_bounds(ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tenso
         n_j = (torch.where(neg, a_abs * r, 0)[:, None] * (r[:, None] >= lows)).sum(0)
     sums = torch.cat([p_k, n_j])
     if dp_group is not None:
-        dist.all_reduce(sums, group=dp_group)
+        comm.all_reduce(sums, group=dp_group)
     p_k, n_j = sums[: len(highs)].tolist(), sums[len(highs):].tolist()
 
     def share(i: int, j: int) -> float:

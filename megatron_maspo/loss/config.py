@@ -13,7 +13,7 @@ METHODS = ("grpo", "clip_higher", "dac", "bapo", "sapo", "cispo", "gppo", "maspo
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 ADVANTAGES = ("grpo", "drgrpo", "rloo")
 KL_TYPES = ("k1", "k2", "k3")
-NONFINITE = ("raise", "mask")
+NONFINITE = ("raise", "skip", "mask")
 BAPO_CONTRIBUTIONS = ("loss_value", "gradient_mass")
 BAPO_ORDERS = ("high_first", "low_first")
 QUATRO_DIVERGENCES = ("kl_new_old", "kl_old_new", "k3")
@@ -148,7 +148,10 @@ class LossConfig:
     log_ratio_clamp: float = 20.0
     """|log ρ| clamp before exp; 20 (verl)."""
     nonfinite: str = "raise"
-    """Non-finite log-probs/advantages: 'raise' ValueError, or 'mask' them out and count them."""
+    """Non-finite log-probs/advantages at valid tokens: 'raise' an error, 'skip' the optimizer step,
+    or 'mask' the tokens out and count them. The trainer agrees on it over all ranks first, so a
+    raise or skip happens on every rank together; ``compute_policy_loss`` alone raises ValueError
+    ('raise') or masks and counts ('skip', 'mask': the caller decides to skip)."""
 
     def __post_init__(self) -> None:
         choices = {"method": METHODS, "aggregation": AGGREGATIONS, "advantage": ADVANTAGES,

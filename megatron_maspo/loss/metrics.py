@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_maspo.loss.base import MethodOutput
+from megatron_maspo.parallel import comm
 
 NUM_DECILES = 10
 
@@ -121,7 +122,7 @@ def reduce_metrics(metrics: dict[str, torch.Tensor], group: dist.ProcessGroup | 
             continue
         buf = torch.stack([metrics[k].detach().to(torch.float64).reshape(()) for k in sel])
         if group is not None:
-            dist.all_reduce(buf, op=op, group=group)
+            comm.all_reduce(buf, op=op, group=group)
         out.update(zip(sel, buf.unbind(0)))
     return out
 

@@ -78,7 +78,8 @@ def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: t
 
     Raises:
         ValueError/TypeError: shape mismatch, missing inputs for the chosen options, non-finite
-            inputs with nonfinite='raise'.
+            inputs with nonfinite='raise' ('skip' masks and counts like 'mask'; skipping the
+            optimizer step is the trainer's decision).
     """
     check_token_inputs(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
                        seq_ids=seq_ids, entropy=entropy, ref_logprobs=ref_logprobs,

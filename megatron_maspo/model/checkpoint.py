@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from megatron_maspo.parallel import comm
+
 logger = logging.getLogger(__name__)
 
 
@@ -113,7 +115,7 @@ def collective_atomic_dir(final: str | Path, *, overwrite: bool = False, tmp_nam
         except Exception as e:  # tell the other ranks before raising, or they wait in the save
             box[0] = e
     if world > 1:
-        dist.broadcast_object_list(box, src=0)
+        box[0] = comm.broadcast_object(box[0], src=0)
     if isinstance(box[0], Exception):
         raise box[0]
     tmp = Path(box[0])
@@ -126,7 +128,7 @@ def collective_atomic_dir(final: str | Path, *, overwrite: bool = False, tmp_nam
             logger.error("rank %d: writing %s failed; the partial folder %s is left behind", rank, final, tmp)
         raise
     if world > 1:
-        dist.barrier()
+        comm.barrier()
     if rank == 0:
         if final.exists():
             shutil.rmtree(final)
@@ -134,4 +136,4 @@ def collective_atomic_dir(final: str | Path, *, overwrite: bool = False, tmp_nam
         if on_commit is not None:
             on_commit()
     if world > 1:
-        dist.barrier()
+        comm.barrier()

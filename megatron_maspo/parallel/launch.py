@@ -1,10 +1,13 @@
-"""Spawn N local gloo ranks and run a function on each (tests, benchmarks, CPU demos).
+"""Spawn N local ranks and run a function on each (tests, benchmarks, CPU demos, local conversion).
 
-Each worker pins one intra-op thread, joins a gloo group on a free loopback port with a timeout (a
-mismatched collective fails instead of hanging), runs ``fn(rank, world_size, *args)`` and tears the
-group down. A failing rank's traceback is re-raised in the parent, prefixed with its rank. Results
-travel through files in a temporary folder (a pipe would block a rank on large results before the
-parent joins, and tensors in a torch queue live in the child's shared memory, gone once it exits).
+Each worker pins one intra-op thread, binds its GPU when CUDA is present (NCCL when every rank has
+a GPU, else gloo), joins the group on a free loopback port with a timeout (a mismatched collective
+fails instead of hanging), runs ``fn(rank, world_size, *args)`` and tears the group down. A rank that
+raises records its traceback and exits at once without teardown (see
+:mod:`megatron_maspo.parallel.failure`); the parent then ends the others and re-raises every
+recorded traceback, the first failing rank first. Results travel through files in a temporary
+folder (a pipe would block a rank on large results before the parent joins, and tensors in a torch
+queue live in the child's shared memory, gone once it exits).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -21,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from megatron_maspo.parallel import comm
 
 
 def free_port() -> int:
@@ -39,8 +45,15 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, timeou
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    backend = comm.default_backend(world_size)
+    kw = {}
+    if torch.cuda.is_available():  # one GPU per rank (NCCL), or ranks sharing GPUs round-robin (gloo)
+        if backend == "nccl":
+            kw["device_id"] = comm.bind_local_device(rank)
+        else:
+            comm.bind_local_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s), **kw)
     path = Path(out_dir) / f"rank{rank}"
     try:
         out = fn(rank, world_size, *args)
@@ -48,20 +61,29 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, timeou
         os.replace(path.with_suffix(".tmp"), path)
     except BaseException:
         torch.save(("error", traceback.format_exc()), path)
+        if world_size > 1:
+            from megatron_maspo.parallel.failure import report_and_exit
+
+            report_and_exit(f"worker rank {rank}")  # no teardown: peers may be mid-collective
+        _teardown()
         raise
-    finally:
+    _teardown()
+
+
+def _teardown() -> None:
+    if "megatron.core.parallel_state" in sys.modules:  # importing Megatron just to tear down costs seconds
         try:
             from megatron_maspo.parallel.groups import destroy_parallel
 
             destroy_parallel()
         except Exception:
             pass
-        dist.destroy_process_group()
+    dist.destroy_process_group()
 
 
 def run_workers(fn: Callable[..., Any], world_size: int, *args: Any,
                 timeout_s: float = 300.0) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks.
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks (gloo on CPU).
 
     ``fn`` must be a module-level function (it is pickled). Returns each rank's return value, in rank
     order (values must be picklable by ``torch.save``).
@@ -72,11 +94,16 @@ def run_workers(fn: Callable[..., Any], world_size: int, *args: Any,
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="maspo_workers_") as out_dir:
         try:
-            mp.start_processes(_entry, args=(fn, world_size, port, timeout_s, out_dir, args),
-                               nprocs=world_size, join=True, start_method="spawn")
+            ctx = mp.start_processes(_entry, args=(fn, world_size, port, timeout_s, out_dir, args),
+                                     nprocs=world_size, join=False, start_method="spawn")
+            # After a failure: 5 s for the others to exit on their own (gloo peers see the closed
+            # connection), then SIGTERM, 5 s, SIGKILL.
+            while not ctx.join(grace_period=5.0):
+                pass
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            first = e.error_index
             msgs = []
-            for r in range(world_size):
+            for r in [first, *[r for r in range(world_size) if r != first]]:
                 p = Path(out_dir) / f"rank{r}"
                 if p.exists():
                     status, payload = torch.load(p, weights_only=False)

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from megatron_maspo.parallel import comm
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 26
@@ -184,12 +186,12 @@ def combine_stats(m: torch.Tensor, s: torch.Tensor, u: torch.Tensor, t: torch.Te
     """
     big_m = m.clone()
     if group is not None:
-        dist.all_reduce(big_m, op=dist.ReduceOp.MAX, group=group)
+        comm.all_reduce(big_m, op=comm.ReduceOp.MAX, group=group)
     d = m - big_m  # ≤ 0; -inf on a rank without valid columns
     a = torch.exp(d)
     buf = torch.stack([a * s, torch.where(s > 0, a * (u + d * s), 0.0), t])
     if group is not None:
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+        comm.all_reduce(buf, op=comm.ReduceOp.SUM, group=group)
     big_s, big_u, x_label = buf.unbind(0)
     log_s = torch.log(big_s)
     lse = big_m + log_s

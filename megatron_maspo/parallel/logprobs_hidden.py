@@ -29,6 +29,7 @@ import logging
 import torch
 import torch.distributed as dist
 
+from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.logprobs_core import (
     acc_dtype,
     check_inputs,
@@ -89,7 +90,7 @@ class _VocabParallelLogprobsFromHidden(torch.autograd.Function):
                 else:
                     d_w32.add_(dz.t() @ h)
         if need_h and group is not None:
-            dist.all_reduce(d_hidden, op=dist.ReduceOp.SUM, group=group)
+            comm.all_reduce(d_hidden, op=comm.ReduceOp.SUM, group=group)
         d_weight = None
         if need_w:
             d_weight = torch.zeros_like(weight)

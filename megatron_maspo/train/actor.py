@@ -18,21 +18,23 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from megatron_maspo.config import MaspoConfig
 from megatron_maspo.loss.metrics import finalize_metrics, reduce_metrics
 from megatron_maspo.loss.policy import compute_policy_loss
 from megatron_maspo.model.provider import ModelBuildOptions, build_model_chunks
 from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
 from megatron_maspo.parallel.groups import ParallelGroups, default_device
+from megatron_maspo.train import faults
 from megatron_maspo.train.forward import (
     MicroBatchInputs,
     StepContext,
@@ -199,8 +201,7 @@ class MegatronActor:
         local = self._logprobs_local(samples, plans, model=model)
         g = self.groups
         mine = local if (g.is_last_stage and g.tp_rank == 0) else {}
-        parts: list = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, mine)
+        parts = comm.all_gather_object(mine)
         merged = {k: v for d in parts for k, v in d.items()}
         empty = torch.zeros(0)
         return ([merged.get(i, (empty, empty))[0] for i in range(len(samples))],
@@ -213,15 +214,20 @@ class MegatronActor:
                            sum(s.response_ids[0] if s.response_ids else 0 for s in samples)],
                           dtype=torch.float64)
         both = torch.cat([fp, -fp])
-        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        comm.all_reduce(both, op=comm.ReduceOp.MAX)
         if not torch.equal(both[:3], -both[3:]):
             raise ValueError("ranks received different rollout batches; every rank must get the "
                              "identical global list of samples")
 
     def _loss_fn(self, plan: MiniBatchPlan, mb: MicroBatchInputs, lp: torch.Tensor,
                  ent: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        # Inside Megatron's schedule nothing may raise on one rank alone: non-finite inputs are masked
+        # and counted here; optimizer_step agrees on the count over all ranks, then raises or skips.
+        lcfg = self.cfg.loss if self.cfg.loss.nonfinite == "mask" else \
+            dataclasses.replace(self.cfg.loss, nonfinite="mask")
+        lp = faults.poison_logprobs(lp, mb.loss_mask.bool())
         return compute_policy_loss(
-            self.cfg.loss, lp, mb.old_logprobs, mb.advantages, mb.loss_mask,
+            lcfg, lp, mb.old_logprobs, mb.advantages, mb.loss_mask,
             num_tokens_global=plan.num_tokens_global, num_seqs_global=plan.num_seqs_global,
             seq_ids=mb.seq_ids, entropy=ent, ref_logprobs=mb.ref_logprobs,
             rollout_logprobs=mb.rollout_logprobs, prompt_ids=mb.prompt_ids,
@@ -249,12 +255,25 @@ class MegatronActor:
         return ctx
 
     def optimizer_step(self, ctx: StepContext) -> dict[str, float]:
-        """Step if loss and grads are finite on **every** rank (one all-reduce), else skip cleanly."""
-        bad = torch.tensor([0.0 if (ctx.loss_finite and grads_finite(self.chunks)) else 1.0])
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        if bad.item() > 0:
-            logger.warning("non-finite loss or gradient on some rank: optimizer step %d skipped",
-                           self.steps_done)
+        """Step if loss, grads and loss inputs are finite on **every** rank, else skip on every rank.
+
+        One MAX all-reduce of (non-finite loss/grad, non-finite loss inputs) decides for all ranks, so
+        ``loss.nonfinite='raise'`` raises on every rank together (a raise on one rank alone would leave
+        the others waiting in their next collective), and ``'skip'`` skips the step everywhere.
+        """
+        mode = self.cfg.loss.nonfinite
+        bad_inputs = float(ctx.metrics.get("loss/nonfinite_tokens", 0.0)) if mode != "mask" else 0.0
+        flags = torch.tensor([0.0 if (ctx.loss_finite and grads_finite(self.chunks)) else 1.0, bad_inputs])
+        comm.all_reduce(flags, op=comm.ReduceOp.MAX)
+        if mode == "raise" and flags[1] > 0:
+            raise FloatingPointError(
+                f"non-finite log-probs/advantages at {int(flags[1])} valid token(s) on some rank in "
+                f"optimizer step {self.steps_done} (loss.nonfinite='raise'; 'skip' skips such steps, "
+                "'mask' drops the tokens)")
+        if flags.max() > 0:
+            logger.warning("non-finite loss, gradient or loss input on some rank: optimizer step %d "
+                           "skipped on rank %d", self.steps_done, torch.distributed.get_rank()
+                           if torch.distributed.is_initialized() else 0)
             for c in self.chunks:
                 c.zero_grad_buffer()
             self.optimizer.zero_grad()
@@ -276,10 +295,8 @@ class MegatronActor:
             reduced = finalize_metrics(reduce_metrics(local, g.dp_group))
             out = {k: float(v) for k, v in reduced.items()}
         if g.pp > 1:
-            box = [out]
-            dist.broadcast_object_list(box, src=dist.get_global_rank(g.pp_group, g.pp - 1),
-                                       group=g.pp_group)
-            out = box[0]
+            out = comm.broadcast_object(out, src=torch.distributed.get_global_rank(g.pp_group, g.pp - 1),
+                                        group=g.pp_group)
         return out
 
     def _first_ratio_dev(self, samples: Sequence[Sample], plan: MiniBatchPlan,
@@ -290,7 +307,7 @@ class MegatronActor:
                 if mb.num_tokens:
                     old = torch.cat([samples[i].old_logprobs for i in mb.sample_index])
                     dev = torch.maximum(dev, (lp.cpu().double() - old.double()).abs().max().view(1))
-        dist.all_reduce(dev, op=dist.ReduceOp.MAX)
+        comm.all_reduce(dev, op=comm.ReduceOp.MAX)
         return float(dev)
 
     def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import datetime
 import os
 
 import torch
 import torch.distributed as dist
 
+from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.launch import free_port
 
 
 def setup_distributed(timeout_s: float = 1800.0) -> tuple[int, int]:
-    """Join the default process group (NCCL on GPU, gloo on CPU); returns (rank, world_size).
+    """Bind GPU ``LOCAL_RANK``, join the default process group (NCCL on GPU, gloo on CPU); returns
+    (rank, world_size).
 
     Under torchrun the environment names the world; otherwise a one-process world on a free loopback port.
+    See :mod:`megatron_maspo.parallel.comm` for why the default group is NCCL-only on GPU.
     """
     if not torch.cuda.is_available():
         # Tiny CPU ops gain nothing from intra-op threads, and spin-waiting OpenMP threads made every op
@@ -26,17 +28,10 @@ def setup_distributed(timeout_s: float = 1800.0) -> tuple[int, int]:
     if "WORLD_SIZE" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
                           WORLD_SIZE="1", LOCAL_RANK="0")
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-    return dist.get_rank(), dist.get_world_size()
+    comm.bind_local_device()
+    return comm.init_default_group(timeout_s)
 
 
 def broadcast_object(obj, src: int = 0, group=None):
     """Broadcast a picklable object from global rank ``src`` to every rank of ``group``."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src, group=group)
-    return box[0]
+    return comm.broadcast_object(obj, src=src, group=group)

@@ -26,11 +26,12 @@ from functools import partial
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from megatron_maspo.config import MaspoConfig, save_config
 from megatron_maspo.loss.advantages import compute_advantages
+from megatron_maspo.parallel import comm
 from megatron_maspo.rollout.types import SamplingParams
+from megatron_maspo.train import faults
 from megatron_maspo.train.components import PromptOrder, build_engine, build_policy_source
 from megatron_maspo.train.distributed import broadcast_object, setup_distributed
 from megatron_maspo.train.memory import GB, PhaseMemory
@@ -183,13 +184,8 @@ class Trainer:
                 tr = torch.cat([a for a, _ in pairs])
                 ro = torch.cat([b for _, b in pairs])
                 out = {k: float(v) for k, v in mismatch_metrics(tr, ro, torch.ones_like(tr)).items()}
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            # Megatron orders ranks tp-cp-ep-dp-pp: (last stage, dp 0, tp 0) is global rank (pp-1)*tp*dp.
-            src = (g.pp - 1) * g.tp * g.dp
-            box = [out]
-            dist.broadcast_object_list(box, src=src)
-            out = box[0]
-        return out
+        # Megatron orders ranks tp-cp-ep-dp-pp: (last stage, dp 0, tp 0) is global rank (pp-1)*tp*dp.
+        return comm.broadcast_object(out, src=(g.pp - 1) * g.tp * g.dp)
 
     def sync(self) -> float:
         """Push the actor's weights into the engine (collective over all ranks); returns seconds on rank 0."""
@@ -214,8 +210,7 @@ class Trainer:
                                data_state=state, keep_last=self.cfg.checkpoint.keep_last)
         if self.rank == 0:
             _write_export_assets(path, self.spec, self.tokenizer)
-        if dist.is_initialized():
-            dist.barrier()
+        comm.barrier()
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> Path:
@@ -254,9 +249,9 @@ class Trainer:
                     break
         finally:
             sink.close()
-            stop.restore()
             if self.reward_fn is not None:
                 self.reward_fn.close()
+            stop.restore()  # last: a launcher's SIGTERM during the clean-up only sets the stop flag
         if self.rank == 0 and cfg.logging.plots:
             from megatron_maspo.train.plots import plot_run
 
@@ -267,6 +262,7 @@ class Trainer:
         """Generate, grade, filter, train and sync once; returns this step's metrics (same on every rank)."""
         cfg, tc = self.cfg, self.cfg.train
         self.timings = {k: 0.0 for k in ("time/generate", "time/grade", "time/train", "time/sync")}
+        faults.at_step(self.step)  # MASPO_FAULT test hook; a no-op otherwise
         t_start = time.perf_counter()
         offloaded = self.offloader.offload()  # colocation: the engine gets the trainer's memory
         kept: list[PromptGroup] = []
@@ -346,13 +342,23 @@ def _rename_actor_metrics(m: dict[str, float]) -> dict[str, float]:
 
 
 def train(cfg: MaspoConfig, *, resume: bool = False) -> Path:
-    """Run (or resume) training; returns the run directory."""
-    trainer = Trainer(cfg, resume=resume)
-    try:
-        return trainer.run()
-    finally:
-        from megatron_maspo.parallel.groups import destroy_parallel
+    """Run (or resume) training; returns the run directory.
 
+    With several ranks, an exception on any of them ends that process at once with its traceback
+    (:func:`~megatron_maspo.parallel.failure.exit_on_error`): no collective runs after an error, and
+    the launcher or the broken connections end the others.
+    """
+    from megatron_maspo.parallel.failure import exit_on_error
+    from megatron_maspo.parallel.groups import destroy_parallel
+
+    faults.configured()  # a malformed MASPO_FAULT fails here, before any work
+    with exit_on_error("maspo train"):
+        try:
+            run_dir = Trainer(cfg, resume=resume).run()
+        except BaseException:
+            if not comm.active():
+                destroy_parallel()  # one process: tidy up for the caller (several: no teardown)
+            raise
         destroy_parallel()
-        if dist.is_initialized():
-            dist.barrier()
+        comm.barrier()  # only on success: every rank is here
+    return run_dir

@@ -12,8 +12,7 @@ import logging
 import signal
 from types import FrameType
 
-import torch
-import torch.distributed as dist
+from megatron_maspo.parallel import comm
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +37,7 @@ class StopRequest:
 
     def should_stop(self, group=None) -> bool:
         """Collective over ``group`` (default: the world): True on every rank if any rank got a signal."""
-        flag = torch.tensor([1.0 if self.requested is not None else 0.0])
-        if dist.is_initialized() and dist.get_world_size(group) > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        return bool(flag.item() > 0)
+        return comm.any_true(self.requested is not None, group=group)
 
     def restore(self) -> None:
         """Reinstall the handlers that were active before."""

