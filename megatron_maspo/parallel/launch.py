@@ -35,11 +35,13 @@ class WorkerError(RuntimeError):
 
 
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, timeout_s: float,
-           out_dir: str, args: tuple) -> None:
+           out_dir: str, args: tuple, backend: str = "gloo") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size,
+    if backend == "nccl":  # GPU tests: one device per rank
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     path = Path(out_dir) / f"rank{rank}"
     try:
@@ -60,8 +62,9 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, timeou
 
 
 def run_workers(fn: Callable[..., Any], world_size: int, *args: Any,
-                timeout_s: float = 300.0) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks.
+                timeout_s: float = 300.0, backend: str = "gloo") -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks
+    (``backend="nccl"``: one CUDA device per rank, for GPU tests).
 
     ``fn`` must be a module-level function (it is pickled). Returns each rank's return value, in rank
     order (values must be picklable by ``torch.save``).
@@ -72,7 +75,7 @@ def run_workers(fn: Callable[..., Any], world_size: int, *args: Any,
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="maspo_workers_") as out_dir:
         try:
-            mp.start_processes(_entry, args=(fn, world_size, port, timeout_s, out_dir, args),
+            mp.start_processes(_entry, args=(fn, world_size, port, timeout_s, out_dir, args, backend),
                                nprocs=world_size, join=True, start_method="spawn")
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
             msgs = []
