@@ -80,7 +80,7 @@ class PackedSDPAttention(MegatronModule):
         self.attention_type = attention_type
         self.num_heads = divide(config.num_attention_heads, tp)
         self.num_groups = divide(config.num_query_groups, tp)
-        head_dim = config.kv_channels
+        head_dim = config.kv_channels or config.hidden_size // config.num_attention_heads
         self.softmax_scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
 
@@ -88,14 +88,19 @@ class PackedSDPAttention(MegatronModule):
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
               mask: torch.Tensor | None = None) -> torch.Tensor:
         """q ``[B, n_h, L, d]``, k/v ``[B, n_g, L, d]`` → ``[B, n_h, L, d]``."""
-        p = self.dropout_p if self.training else 0.0
-        kw = dict(attn_mask=mask, dropout_p=p, is_causal=causal and mask is None,
-                  scale=self.softmax_scale, enable_gqa=self.num_heads != self.num_groups)
+        p = float(self.dropout_p) if self.training else 0.0
+
+        def run() -> torch.Tensor:
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal and mask is None,
+                scale=self.softmax_scale, enable_gqa=self.num_heads != self.num_groups)
+
         if p > 0.0 and not self.config.sequence_parallel:
             # the same RNG stream Megatron's DotProductAttention drops attention probs with
-            with tensor_parallel.get_cuda_rng_tracker().fork():
-                return F.scaled_dot_product_attention(q, k, v, **kw)
-        return F.scaled_dot_product_attention(q, k, v, **kw)
+            tracker: Any = tensor_parallel.get_cuda_rng_tracker()
+            with tracker.fork():
+                return run()
+        return run()
 
     def _packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 bounds: list[int]) -> torch.Tensor:

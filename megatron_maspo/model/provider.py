@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -158,7 +159,8 @@ def layer_spec(spec: ArchSpec, opts: ModelBuildOptions):
     if opts.attention_backend == "packed_sdpa":
         from megatron_maspo.model.packed_attention import PackedSDPAttention
 
-        lspec.submodules.self_attention.submodules.core_attention = PackedSDPAttention
+        attention: Any = lspec.submodules.self_attention  # type: ignore[attr-defined]
+        attention.submodules.core_attention = PackedSDPAttention
     return lspec
 
 
