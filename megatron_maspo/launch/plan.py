@@ -14,24 +14,38 @@ Memory (GiB = 2^30 bytes, per GPU, on the worst pipeline stage; P_l = parameters
     engine      = u * M                           colocated vLLM: gpu_memory_utilization x GPU memory
                                                   (its weights 2 * P / vllm_tp + paged KV cache fill it)
 
-    peak = weights + grads + optimizer + max(activations + logprob, engine) + reserve
+    attention   = what model.attention_backend adds beyond ``activations`` (N = row length S, n_t = n_h/tp):
+                  packed_sdpa / te: 0 (flash kernels: q, k, v, output, logsumexp are linear, in ``a``)
+                  dense_mask: k * S^2                   [1, 1, S, S] bool mask per micro-batch in flight
+                            + (k * L_saved + r) * p     p = (4 + e) n_t S^2 kept per layer for the backward:
+                                                        fp32 softmax output + probs cast back (e < 4; fp32:
+                                                        4 n_t S^2); L_saved = L/pp, r = 0 without recompute,
+                                                        L_saved = 0, r = 1 (the layer being recomputed) with it
+                            + (2e + 4) * n_t * S^2      running layer: persistent score buffer and baddbmm
+                                                        output in the input dtype, fp32 upcast for softmax
+                                                        (2e n_t S^2 in fp32)
+
+    peak = weights + grads + optimizer + max(activations + attention + logprob, engine) + reserve
 
 The vLLM engine sleeps (level 1/2) during the update, so its share and the trainer's activations never
 coexist; the trainer's weights, grads and optimizer state stay resident throughout (no offload).
 
-Activation bytes per token per layer ``a`` (no sequence parallelism, flash attention so no s^2 tensor,
-dropout 0 as in RL; e = element bytes; Korthikanti et al. 2022 generalised to GQA and SwiGLU):
+Activation bytes per token per layer ``a`` (flash-style attention so no s^2 tensor, dropout 0 as in RL;
+e = element bytes; Korthikanti et al. 2022 generalised to GQA and SwiGLU):
 
-    none / selective:  e * (4h + (n_h d + 2 n_g d)/t + n_h d / t + 3F/t) + 4 n_h / t
+    none / selective:  e * (4h/s + (n_h d + 2 n_g d)/t + n_h d / t + 3F/t) + 4 n_h / t
     MoE MLP instead of 3F/t: top_k * (h + 3 F_moe) / t + 2E (fp32 router logits)
-    full:              e * h  (layer input only; one layer's full set is added once for the recompute)
+    full:              e * h / s  (layer input only; one layer's full set is added once for the recompute)
+
+with s = t under sequence parallelism (attention_backend "te" at TP > 1), else 1.
 
 Selective recompute (core attention) saves nothing measurable with flash attention, so it is modelled as
 none. Step time (seconds per rollout step) from FLOPs and bandwidth, with the efficiencies of
 :class:`Assumptions`:
 
     old-logprob = F_fwd / (W * peak * mfu)          F_fwd = 2 P_act T + 2 L n_h d sum(s^2)  (x2 with a
-                                                    reference model)
+                                                    reference model; dense_mask: 4 L n_h d S T, every
+                                                    token scores the whole packed row)
     update      = (3 or 4 with full recompute) * F_fwd / (W * peak * mfu)
     generation  = R * waves * max(bytes_step / (HBM * eff), 2 P_act c / (vllm_tp * peak * mfu))
                   bytes_step = 2 P / vllm_tp + c * L_live * kv_token_bytes, c concurrent sequences per engine
@@ -108,10 +122,14 @@ class Memory:
     logprob: float
     engine: float
     reserve: float
+    attention: float = 0.0
+    """Attention memory beyond ``activations``: the dense-mask path's [S, S] tensors; 0 on packed paths."""
+    attention_backend: str = "packed_sdpa"
 
     @property
     def train_peak(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.activations + self.logprob + self.reserve
+        return (self.weights + self.grads + self.optimizer + self.activations + self.attention
+                + self.logprob + self.reserve)
 
     @property
     def rollout_peak(self) -> float:
@@ -203,9 +221,11 @@ def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[
     return layers * dense + extra, layers * expert
 
 
-def activation_bytes(spec: ArchSpec, tp: int, recompute: str | None, elt: int) -> float:
+def activation_bytes(spec: ArchSpec, tp: int, recompute: str | None, elt: int,
+                     sequence_parallel: bool = False) -> float:
     """Bytes kept per token per layer for the backward (module docstring formula)."""
     h, t = spec.hidden_size, tp
+    sp = t if sequence_parallel else 1
     nh, g, d = spec.num_attention_heads, spec.num_query_groups, spec.kv_channels
     if spec.is_moe:
         assert spec.moe_ffn_hidden_size and spec.num_moe_experts
@@ -213,8 +233,17 @@ def activation_bytes(spec: ArchSpec, tp: int, recompute: str | None, elt: int) -
         router = 4 * spec.num_moe_experts
     else:
         mlp, router = 3 * spec.ffn_hidden_size / t, 0
-    full_set = elt * (4 * h + (nh * d + 2 * g * d) / t + nh * d / t + mlp) + 4 * nh / t + router
-    return elt * h if recompute == "full" else full_set
+    full_set = elt * (4 * h / sp + (nh * d + 2 * g * d) / t + nh * d / t + mlp) + 4 * nh / t + router
+    return elt * h / sp if recompute == "full" else full_set
+
+
+def dense_attention_bytes(spec: ArchSpec, lay: Layout, seq: int, inflight: float, elt: int) -> float:
+    """Bytes the dense block-causal-mask path adds per GPU for rows of ``seq`` tokens (module docstring)."""
+    heads, s2 = spec.num_attention_heads / lay.tp, float(seq) ** 2
+    upcast = 4 if elt < 4 else 0
+    per_layer = (4 + elt if elt < 4 else 4) * heads * s2
+    layers = inflight * (spec.num_layers // lay.pp) if lay.recompute is None else 1
+    return inflight * s2 + layers * per_layer + (2 * elt + upcast) * heads * s2
 
 
 def kv_bytes_per_token(spec: ArchSpec, vllm_tp: int) -> float:
@@ -286,12 +315,15 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     inflight = min(lay.pp, n_micro)
     if lay.vpp:
         inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
-    per_layer = activation_bytes(spec, lay.tp, lay.recompute, elt)
+    backend = cfg.model.attention_backend
+    sp = backend == "te" and lay.tp > 1
+    per_layer = activation_bytes(spec, lay.tp, lay.recompute, elt, sp)
     n_tok = tr.max_tokens_per_micro_batch
     act = inflight * (spec.num_layers // lay.pp) * n_tok * per_layer
     if lay.recompute == "full":
-        act += n_tok * activation_bytes(spec, lay.tp, None, elt)
-    act += n_tok * spec.hidden_size * elt  # final hidden states feeding the LM head
+        act += n_tok * activation_bytes(spec, lay.tp, None, elt, sp)
+    act += n_tok * spec.hidden_size * elt / (lay.tp if sp else 1)  # final hidden states for the LM head
+    attn = dense_attention_bytes(spec, lay, n_tok, inflight, elt) if backend == "dense_mask" else 0.0
     v_pad = spec.padded_vocab_size(lay.tp, cfg.model.make_vocab_size_divisible_by)
     chunk = min(tr.logprob_chunk_size, n_tok)
     logprob = 2 * chunk * v_pad / lay.tp * 4
@@ -306,10 +338,12 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     mem = Memory(weights=p_local * elt / GIB, grads=p_local * 4 / GIB,
                  optimizer=(p_dense / d_dense + p_expert / d_expert) * opt_per_param / GIB,
                  activations=act / GIB, logprob=logprob / GIB, engine=engine / GIB,
-                 reserve=hw.reserve_gb)
+                 reserve=hw.reserve_gb, attention=attn / GIB, attention_backend=backend)
     if mem.peak > hw.gpu_mem_gb:
+        why = (f"; model.attention_backend='dense_mask' holds {mem.attention:.1f} GiB of [S, S] attention "
+               f"tensors at S={n_tok}: 'packed_sdpa' or 'te' are linear in S" if attn else "")
         reasons.append(f"needs {mem.peak:.1f} GiB per GPU > {hw.gpu_mem_gb:.0f} GiB (train peak "
-                       f"{mem.train_peak:.1f}, rollout peak {mem.rollout_peak:.1f})")
+                       f"{mem.train_peak:.1f}, rollout peak {mem.rollout_peak:.1f}){why}")
     kvpt = kv_bytes_per_token(spec, lay.vllm_tp)
     kv_seqs = int(max(0.0, kv_pool) // (kvpt * seq_max))
     if kv_seqs < 1:
@@ -320,7 +354,10 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     n_seqs = tr.prompts_per_step * ro.group_size
     p_act = active_params(spec)
     f_fwd = 2 * p_act * n_seqs * avg_seq
-    f_fwd += 2 * spec.num_layers * spec.num_attention_heads * spec.kv_channels * avg_seq**2 * n_seqs
+    if backend == "dense_mask":  # the [S, S] scores cover the whole packed row, not the causal blocks
+        f_fwd += 4 * spec.num_layers * spec.num_attention_heads * spec.kv_channels * n_tok * n_seqs * avg_seq
+    else:
+        f_fwd += 2 * spec.num_layers * spec.num_attention_heads * spec.kv_channels * avg_seq**2 * n_seqs
     cluster = world * hw.peak_tflops * 1e12 * hw.mfu
     old_lp = f_fwd * (2 if tr.reference_model else 1) / cluster
     update = f_fwd * (4 if lay.recompute == "full" else 3) / cluster
@@ -388,6 +425,8 @@ def format_plan(plan: Plan, title: str = "") -> str:
         lines.append(f"  memory/GPU GiB: weights {m.weights:.1f}  grads {m.grads:.1f}  optimizer "
                      f"{m.optimizer:.1f}  activations {m.activations:.1f}  logprob-chunk {m.logprob:.2f}  "
                      f"engine {m.engine:.1f}  reserve {m.reserve:.1f}")
+        quad = f"{m.attention:.1f} GiB [S, S] mask/scores/probs" if m.attention else "linear (in activations)"
+        lines.append(f"  attention ({m.attention_backend}): {quad}")
         lines.append(f"  peak GiB: train {m.train_peak:.1f}  rollout {m.rollout_peak:.1f}  "
                      f"-> {m.peak:.1f}; KV pool holds {plan.kv_seqs} full-length sequences per engine")
     if plan.time:

@@ -1,7 +1,10 @@
 """Turn an :class:`ArchSpec` into a Megatron-Core ``TransformerConfig`` and ``GPTModel`` chunks.
 
-The Transformer Engine layer spec is used when TE imports (GPU); the local spec otherwise (CPU tests,
-GPUs without TE). Kernel fusions are on whenever CUDA is present and the kernel they need is installed
+The Transformer Engine layer spec is used when TE imports (GPU) or ``attention_backend="te"``; the
+local spec otherwise (CPU tests, GPUs without TE), whose core attention ``attention_backend`` picks:
+``"packed_sdpa"`` (per-sequence fused SDPA, linear memory; ``model/packed_attention.py``) or
+``"dense_mask"`` (Megatron's ``DotProductAttention``, ``[S, S]`` scores; the reference path).
+Kernel fusions are on whenever CUDA is present and the kernel they need is installed
 (:func:`fusion_options`), and off on CPU so results are exact there.
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +21,8 @@ import torch.nn.functional as F
 from megatron_maspo.model.spec import ArchSpec
 
 logger = logging.getLogger(__name__)
+
+ATTENTION_BACKENDS = ("packed_sdpa", "dense_mask", "te")
 
 
 @dataclass(kw_only=True)
@@ -33,13 +39,34 @@ class ModelBuildOptions:
     """None, ``"selective"`` (core attention) or ``"full"`` (uniform, 1 layer per block)."""
     make_vocab_size_divisible_by: int = 128
     use_te: bool | None = None
-    """None = TE spec if Transformer Engine imports, else the local spec."""
+    """None = TE spec if Transformer Engine imports, else the local spec (``attention_backend="te"``
+    forces the TE spec)."""
+    attention_backend: str = "packed_sdpa"
+    """Core attention of the local spec: ``"packed_sdpa"`` or ``"dense_mask"``; ``"te"`` = TE spec."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (TE spec with TP > 1 only: the local spec's torch norms refuse it)."""
     calculate_per_token_loss: bool = True
     """Megatron's exact global token-mean path (loss-formulas.md §2.2)."""
     use_cpu_initialization: bool = True
     """Draw full master weights on CPU and keep the local slice: identical weights at every TP."""
     init_method_std: float = 0.02
     moe_aux_loss_coeff: float = 0.0
+
+
+def attention_options(backend: str, tp: int) -> dict:
+    """``ModelBuildOptions`` fields for ``model.attention_backend``, checked at start-up.
+
+    ``"te"`` builds the TE spec with sequence parallelism at TP > 1 and fails here, before any
+    weight is built, when Transformer Engine or CUDA is missing.
+    """
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"model.attention_backend={backend!r}; accepted: {ATTENTION_BACKENDS}")
+    if backend == "te":
+        from megatron_maspo.model.te_spec import require_te
+
+        require_te()
+    return {"attention_backend": backend, "use_te": backend == "te",
+            "sequence_parallel": backend == "te" and tp > 1}
 
 
 def padded_vocab_size(spec: ArchSpec, opts: ModelBuildOptions) -> int:
@@ -110,7 +137,7 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
         pipeline_model_parallel_size=opts.pp,
         virtual_pipeline_model_parallel_size=opts.vpp,
         expert_model_parallel_size=opts.ep,
-        sequence_parallel=False,
+        sequence_parallel=opts.sequence_parallel,
         params_dtype=opts.params_dtype,
         bf16=opts.bf16,
         pipeline_dtype=torch.bfloat16 if opts.bf16 else opts.params_dtype,
@@ -145,18 +172,29 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
 
 
 def layer_spec(spec: ArchSpec, opts: ModelBuildOptions):
-    """The transformer layer spec: TE when requested/available, else Megatron's local spec."""
+    """The transformer layer spec: TE when requested/available, else Megatron's local spec with the
+    core attention ``opts.attention_backend`` names."""
     from megatron_maspo.model.te_spec import te_available
 
+    if opts.attention_backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend={opts.attention_backend!r}; accepted: {ATTENTION_BACKENDS}")
     use_te = te_available() if opts.use_te is None else opts.use_te
-    if use_te:
+    if use_te or opts.attention_backend == "te":
         from megatron_maspo.model.te_spec import te_layer_spec
 
         return te_layer_spec(spec)
+    if opts.sequence_parallel:
+        raise ValueError("sequence_parallel needs the Transformer Engine spec (attention_backend='te')")
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    return get_gpt_layer_local_spec(num_experts=spec.num_moe_experts, moe_grouped_gemm=False,
-                                    qk_layernorm=spec.qk_layernorm, normalization="RMSNorm")
+    lspec = get_gpt_layer_local_spec(num_experts=spec.num_moe_experts, moe_grouped_gemm=False,
+                                     qk_layernorm=spec.qk_layernorm, normalization="RMSNorm")
+    if opts.attention_backend == "packed_sdpa":
+        from megatron_maspo.model.packed_attention import PackedSDPAttention
+
+        attention: Any = lspec.submodules.self_attention  # type: ignore[attr-defined]
+        attention.submodules.core_attention = PackedSDPAttention
+    return lspec
 
 
 def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int) -> list:

@@ -20,6 +20,24 @@ def te_available() -> bool:
     return torch.cuda.is_available()
 
 
+def require_te() -> None:
+    """Raise unless the TE path can run here: Transformer Engine imports and CUDA is present.
+
+    Raises:
+        ImportError: Transformer Engine is missing (with the install hint).
+        RuntimeError: no CUDA device (TE has no CPU kernels).
+    """
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception as e:
+        raise ImportError("model.attention_backend='te' needs Transformer Engine: pip install "
+                          "'megatron-maspo[te]' on a CUDA machine; or use attention_backend="
+                          "'packed_sdpa'") from e
+    if not torch.cuda.is_available():
+        raise RuntimeError("model.attention_backend='te' needs a CUDA device (Transformer Engine has no "
+                           "CPU kernels); use attention_backend='packed_sdpa'")
+
+
 def te_layer_spec(spec: ArchSpec):
     """Megatron's TE GPT layer spec for ``spec``.
 

@@ -41,11 +41,11 @@ class WorkerError(RuntimeError):
 
 
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, timeout_s: float,
-           out_dir: str, args: tuple) -> None:
+           out_dir: str, args: tuple, backend: str | None = None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
-    backend = comm.default_backend(world_size)
+    backend = backend or comm.default_backend(world_size)
     kw = {}
     if torch.cuda.is_available():  # one GPU per rank (NCCL), or ranks sharing GPUs round-robin (gloo)
         if backend == "nccl":
@@ -82,8 +82,9 @@ def _teardown() -> None:
 
 
 def run_workers(fn: Callable[..., Any], world_size: int, *args: Any,
-                timeout_s: float = 300.0) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks (gloo on CPU).
+                timeout_s: float = 300.0, backend: str | None = None) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks (gloo on CPU; ``backend``
+    overrides the default, e.g. ``"nccl"`` for GPU tests with one device per rank).
 
     ``fn`` must be a module-level function (it is pickled). Returns each rank's return value, in rank
     order (values must be picklable by ``torch.save``).
@@ -94,7 +95,7 @@ def run_workers(fn: Callable[..., Any], world_size: int, *args: Any,
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="maspo_workers_") as out_dir:
         try:
-            ctx = mp.start_processes(_entry, args=(fn, world_size, port, timeout_s, out_dir, args),
+            ctx = mp.start_processes(_entry, args=(fn, world_size, port, timeout_s, out_dir, args, backend),
                                      nprocs=world_size, join=False, start_method="spawn")
             # After a failure: 5 s for the others to exit on their own (gloo peers see the closed
             # connection), then SIGTERM, 5 s, SIGKILL.

@@ -29,7 +29,7 @@ import torch
 from megatron_maspo.config import MaspoConfig
 from megatron_maspo.loss.metrics import finalize_metrics, reduce_metrics
 from megatron_maspo.loss.policy import compute_policy_loss
-from megatron_maspo.model.provider import ModelBuildOptions, build_model_chunks
+from megatron_maspo.model.provider import ModelBuildOptions, attention_options, build_model_chunks
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
@@ -48,6 +48,7 @@ from megatron_maspo.train.packing import (
     PackedMicroBatch,
     PackStats,
     block_causal_mask,
+    cu_seqlens,
     plan_mini_batch,
     split_mini_batches,
     trim_lengths,
@@ -82,11 +83,7 @@ class MegatronActor:
         self.opts = ModelBuildOptions(
             tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, bf16=cfg.model.bf16, recompute=cfg.model.recompute,
             make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
-            calculate_per_token_loss=True,
-            # Packed rows rely on an explicit block-causal mask, which the local spec honours. TE's
-            # attention needs thd PackedSeqParams for packing instead; until that path is wired and
-            # tested, the actor always builds the local spec (TE remains available to other callers).
-            use_te=False)
+            calculate_per_token_loss=True, **attention_options(cfg.model.attention_backend, p.tp))
         chunks = build_model_chunks(spec, self.opts, pp_rank=groups.pp_rank)
         for c in chunks:
             # packed rows differ in length: PP stages exchange shapes first
@@ -120,7 +117,9 @@ class MegatronActor:
         minis = split_mini_batches(samples, self.cfg.train.mini_batches_per_step)
         plans = [plan_mini_batch(samples, idx, resp_lens, dp=self.groups.dp,
                                  dp_rank=self.groups.dp_rank, budget=budget,
-                                 equal_rows=self._equal_rows) for idx in minis]
+                                 equal_rows=self._equal_rows,
+                                 row_multiple=self.groups.tp if self.opts.sequence_parallel else 1)
+                 for idx in minis]
         return plans, resp_lens, stats
 
     def _inputs(self, samples: Sequence[Sample], mb: PackedMicroBatch) -> MicroBatchInputs:
@@ -144,9 +143,14 @@ class MegatronActor:
             "old_logprobs": per_token(lambda s, n: s.old_logprobs),
             "ref_logprobs": per_token(lambda s, n: s.ref_logprobs),
             "rollout_logprobs": per_token(lambda s, n: s.rollout_logprobs)}.items()}
+        from megatron_maspo.model.packed_attention import build_packed_seq_params  # megatron: lazy
+
+        dense = self.opts.attention_backend == "dense_mask"
         return MicroBatchInputs(
             tokens=mb.tokens.view(1, -1).to(dev), position_ids=mb.position_ids.view(1, -1).to(dev),
-            attention_mask=block_causal_mask(mb.seq_lens, dev), resp_index=mb.resp_index.to(dev),
+            attention_mask=block_causal_mask(mb.seq_lens, dev) if dense else None,
+            packed_seq_params=None if dense else build_packed_seq_params(cu_seqlens(mb.seq_lens), dev),
+            resp_index=mb.resp_index.to(dev),
             labels=mb.labels.to(dev), loss_mask=mb.loss_mask.to(dev), seq_ids=mb.seq_ids.to(dev),
             prompt_ids=pid.to(dev), advantages=adv.to(dev), num_tokens=mb.num_tokens, **opt)
 
@@ -166,7 +170,8 @@ class MegatronActor:
     def _context(self) -> StepContext:
         return StepContext(tp_group=self.groups.tp_group, vocab_size=self.spec.vocab_size,
                            temperature=self.cfg.rollout.temperature,
-                           chunk_size=self.cfg.train.logprob_chunk_size)
+                           chunk_size=self.cfg.train.logprob_chunk_size,
+                           sequence_parallel=self.opts.sequence_parallel)
 
     def _logprobs_local(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *,
                         model: str) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:

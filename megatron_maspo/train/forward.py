@@ -28,6 +28,7 @@ from megatron_maspo.loss.metrics import accumulate_metrics
 from megatron_maspo.loss.reduce import megatron_loss_tuple
 from megatron_maspo.model.checkpoint import unwrap
 from megatron_maspo.parallel.logprobs import vocab_parallel_logprobs_from_hidden
+from megatron_maspo.parallel.sequence_parallel import gather_rows_sequence_parallel
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,8 @@ class MicroBatchInputs:
     """Tensors of one packed micro-batch, on the compute device.
 
     ``tokens``/``position_ids``: [1, S] int64; ``attention_mask``: [1, 1, S, S] bool (True = masked)
-    or None; the rest are [T] per response token: ``resp_index``/``labels``/``seq_ids``/
+    or None; ``packed_seq_params``: thd ``PackedSeqParams`` (cu_seqlens) on the packed attention
+    paths, None with the dense mask; the rest are [T] per response token: ``resp_index``/``labels``/``seq_ids``/
     ``prompt_ids`` int64, ``loss_mask``/``advantages`` fp32, ``old_logprobs``/``ref_logprobs``/
     ``rollout_logprobs`` fp32 or None.
     """
@@ -97,6 +99,7 @@ class MicroBatchInputs:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     rollout_logprobs: torch.Tensor | None = None
+    packed_seq_params: Any = None
 
 
 @dataclass
@@ -112,6 +115,8 @@ class StepContext:
         num_tokens_global: N_glob of the mini-batch (loss mode).
         logprobs: collected detached ``[T]`` log-probs, one per micro-batch, in order.
         entropies: collected detached ``[T]`` entropies.
+        sequence_parallel: the last stage's hidden states are split along the sequence over
+            ``tp_group`` (TE spec at TP > 1): gather only the response rows.
         metrics: summed metrics (pre-divided by the global count).
         loss_finite: False once any micro-batch gave a non-finite loss.
     """
@@ -126,6 +131,7 @@ class StepContext:
     entropies: list[torch.Tensor] = field(default_factory=list)
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     loss_finite: bool = True
+    sequence_parallel: bool = False
 
 
 def make_forward_step(ctx: StepContext) -> Callable:
@@ -148,10 +154,14 @@ def make_forward_step(ctx: StepContext) -> Callable:
 
     def forward_step(data_iterator: Iterator[MicroBatchInputs], model: Any):
         mb = next(data_iterator)
-        out = model(mb.tokens, mb.position_ids, mb.attention_mask)
+        out = model(mb.tokens, mb.position_ids, mb.attention_mask,
+                    packed_seq_params=mb.packed_seq_params)
         if not unwrap(model).post_process:
             return out, (lambda o: (o.sum() * 0.0, torch.tensor(0, dtype=torch.int), {}))
-        hidden = out[0].index_select(0, mb.resp_index)  # [T, H], replicated over TP
+        if ctx.sequence_parallel:  # out[0]: [S/tp, H], this rank's slice of the sequence
+            hidden = gather_rows_sequence_parallel(out[0], mb.resp_index, ctx.tp_group)
+        else:
+            hidden = out[0].index_select(0, mb.resp_index)  # [T, H], replicated over TP
         lp, ent = vocab_parallel_logprobs_from_hidden(
             hidden, output_weight(model), mb.labels, ctx.tp_group, temperature=ctx.temperature,
             chunk_size=ctx.chunk_size, vocab_size=ctx.vocab_size)

@@ -8,7 +8,8 @@ local computation.
 
 Layout of one micro-batch: the sequences ``prompt_i ++ response_i`` are concatenated in one row of
 ``S = Σ_i (P_i + L_i)`` tokens, positions restart at 0 for every sequence, and attention is
-block-diagonal causal (:func:`block_causal_mask`). The log-prob of response token ``j`` of sequence
+block-diagonal causal: :func:`cu_seqlens` gives the sequence bounds the packed attention paths
+read (linear memory); :func:`block_causal_mask` builds the dense ``[S, S]`` reference mask. The log-prob of response token ``j`` of sequence
 ``i`` is read from the hidden state one position earlier (``resp_index``), so prompt positions are
 never projected onto the vocabulary.
 
@@ -238,12 +239,22 @@ def _pad_row(mb: PackedMicroBatch, pad_to: int) -> PackedMicroBatch:
     return mb
 
 
+def cu_seqlens(seq_lens: Sequence[int]) -> list[int]:
+    """Sequence bounds of a packed row: ``[0, n_0, n_0 + n_1, ..., S]`` (``n + 1`` entries)."""
+    out = [0]
+    for n in seq_lens:
+        if n <= 0:
+            raise ValueError(f"packed sequence lengths must be > 0, got {list(seq_lens)}")
+        out.append(out[-1] + int(n))
+    return out
+
+
 def block_causal_mask(seq_lens: Sequence[int], device: torch.device | None = None) -> torch.Tensor:
     """Megatron attention mask for a packed row: ``[1, 1, S, S]`` bool, True = **masked out**.
 
     Token ``q`` attends to ``k`` iff both lie in the same sequence and ``k <= q``. O(S²) memory:
-    the local (non-TE) attention needs it; the TE path uses ``PackedSeqParams`` (cu_seqlens)
-    instead and never materialises it.
+    only ``model.attention_backend="dense_mask"`` (the reference path) uses it; the packed paths
+    take ``cu_seqlens`` instead and never materialise it.
     """
     ids = torch.repeat_interleave(torch.arange(len(seq_lens), device=device),
                                   torch.tensor(list(seq_lens), device=device))
@@ -269,7 +280,8 @@ class MiniBatchPlan:
 
 
 def plan_mini_batch(samples: Sequence[Sample], index: Sequence[int], resp_lens: Sequence[int], *,
-                    dp: int, dp_rank: int, budget: int, equal_rows: bool = False) -> MiniBatchPlan:
+                    dp: int, dp_rank: int, budget: int, equal_rows: bool = False,
+                    row_multiple: int = 1) -> MiniBatchPlan:
     """Pack the mini-batch ``index`` for data-parallel rank ``dp_rank`` of ``dp``.
 
     Args:
@@ -277,6 +289,8 @@ def plan_mini_batch(samples: Sequence[Sample], index: Sequence[int], resp_lens: 
             DP ranks (computed locally: every rank knows every shard). Megatron's allgather MoE
             token dispatcher (the CPU path at EP > 1) all-gathers equal-sized token blocks over the
             EP group, which spans DP ranks.
+        row_multiple: pad every row up to a multiple of this (sequence parallelism splits the
+            row over TP ranks, so its length must divide by TP).
     """
     kept = [i for i in index if resp_lens[i] > 0]
     lens = [len(samples[i].prompt_ids) + resp_lens[i] for i in kept]
@@ -285,6 +299,8 @@ def plan_mini_batch(samples: Sequence[Sample], index: Sequence[int], resp_lens: 
     bins = assign_micro_batches([[(i, length[i]) for i in s] for s in shards], budget)
     rows = [[max(1, sum(length[i] for i in b)) for b in r] for r in bins]  # [dp][M]
     pad = [max(col) if equal_rows else 0 for col in zip(*rows)]
+    if row_multiple > 1:
+        pad = [-(-max(p, n) // row_multiple) * row_multiple for p, n in zip(pad, rows[dp_rank])]
     mbs = [build_micro_batch(samples, b, resp_lens, pad_to=n) for b, n in zip(bins[dp_rank], pad)]
     return MiniBatchPlan(micro_batches=mbs, num_tokens_global=sum(resp_lens[i] for i in kept),
                          num_seqs_global=len(kept))

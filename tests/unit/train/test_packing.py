@@ -9,6 +9,7 @@ from megatron_maspo.train.packing import (
     assign_micro_batches,
     block_causal_mask,
     build_micro_batch,
+    cu_seqlens,
     plan_mini_batch,
     shard_for_dp,
     split_mini_batches,
@@ -113,3 +114,24 @@ def test_sample_validation():
     with pytest.raises(ValueError, match="rollout_logprobs"):
         Sample(prompt_ids=[1], response_ids=[1, 2], advantage=0.0, prompt_index=0,
                rollout_logprobs=[0.0])
+
+
+def test_cu_seqlens_are_the_packed_sequence_bounds():
+    s = _samples([(3, 2), (2, 4), (1, 1)])
+    mb = build_micro_batch(s, [0, 1, 2], [2, 4, 1], pad_to=16)
+    assert cu_seqlens(mb.seq_lens) == [0, 5, 11, 13, 16]  # the padding segment is its own sequence
+    assert cu_seqlens(mb.seq_lens)[-1] == mb.tokens.numel()
+    with pytest.raises(ValueError, match="> 0"):
+        cu_seqlens([3, 0])
+
+
+def test_row_multiple_pads_rows_for_sequence_parallelism():
+    s = _samples([(3, 2), (2, 4), (1, 2), (4, 1)] * 2)
+    lens, _ = trim_lengths(s, 16)
+    plain = plan_mini_batch(s, list(range(8)), lens, dp=2, dp_rank=1, budget=16)
+    padded = plan_mini_batch(s, list(range(8)), lens, dp=2, dp_rank=1, budget=16, row_multiple=4)
+    for a, b in zip(plain.micro_batches, padded.micro_batches):
+        n = a.tokens.numel()
+        assert b.tokens.numel() == -(-n // 4) * 4 and torch.equal(b.tokens[:n], a.tokens)
+        assert torch.equal(b.resp_index, a.resp_index) and b.seq_lens[:len(a.seq_lens)] == a.seq_lens
+    assert any(a.tokens.numel() % 4 for a in plain.micro_batches)  # padding was needed somewhere
