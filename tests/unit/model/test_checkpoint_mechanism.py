@@ -32,8 +32,11 @@ def _module_graph() -> dict[str, set[str]]:
     for mod, rel in names.items():
         for node in ast.walk(ast.parse((PKG.parent / rel).read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("megatron_maspo"):
-                graph[mod] |= {t for t in [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-                               if t in names and t != mod}
+                subs = {f"{node.module}.{a.name}" for a in node.names}
+                # ``from pkg import submodule`` depends on the submodule; the package itself only when
+                # a name other than a submodule is taken from it.
+                targets = subs if subs <= set(names) else {node.module, *subs}
+                graph[mod] |= {t for t in targets if t in names and t != mod}
             elif isinstance(node, ast.Import):
                 graph[mod] |= {a.name for a in node.names if a.name in names and a.name != mod}
     return graph
