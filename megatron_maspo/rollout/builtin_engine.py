@@ -2,7 +2,7 @@
 
 It receives weights exactly like the vLLM engine (``load_weights`` of full HF-named tensors from the same
 bucketed resharding path), so every weight-sync test runs without a GPU. Generation is a plain loop:
-left-padded prefill of all ``P·n`` rows, then one token per step with the KV cache, Gumbel-max sampling
+left-padded prefill of all ``P·n`` rows, then one token per step with the KV cache, inverse-CDF sampling
 with one seeded generator per row (``sampling.py``).
 """
 
