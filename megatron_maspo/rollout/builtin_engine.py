@@ -125,6 +125,8 @@ class BuiltinEngine:
         done = torch.zeros(len(rows), dtype=torch.bool)
         cache, step_ids, step_pos = None, ids, pos
         for t in range(params.max_tokens):
+            if cache is None:  # the supported cache API: an explicit Cache object, filled in place
+                cache = _new_cache(self.model.config)
             out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
                              past_key_values=cache, use_cache=True)
             cache = out.past_key_values
@@ -155,6 +157,16 @@ class BuiltinEngine:
         else:
             g.manual_seed((seed * _SEED_STRIDE + prompt) * _SEED_STRIDE + sample)
         return g
+
+
+def _new_cache(config: Any) -> Any:
+    """An empty ``transformers.DynamicCache`` laid out for ``config`` (per-layer types, e.g. sliding)."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=config)
+    except TypeError:  # transformers < 4.56: no per-layer layout, one dynamic layer type
+        return DynamicCache()
 
 
 def _left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
