@@ -127,8 +127,9 @@ class BuiltinEngine:
         for t in range(params.max_tokens):
             if cache is None:  # the supported cache API: an explicit Cache object, filled in place
                 cache = _new_cache(self.model.config)
+            # logits_to_keep=1: the prefill projects only the last prompt position onto the vocabulary
             out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                             past_key_values=cache, use_cache=True)
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache = out.past_key_values
             lp = scaled_logprobs(out.logits[:, -1], params.temperature)
             tok = sample_tokens(lp, params.top_p, greedy, gens)
