@@ -11,7 +11,9 @@ the local CPU wheel, never a CUDA build). The prompts are the same chat-template
 on both sides; TRL's reward is a string match (ours goes through math-verify, timed as "grade").
 
 The runs alternate (ours, TRL, ours, TRL, ...) so machine noise hits both; each run does ``--steps``
-steps and the first is dropped as warm-up. Printed: median seconds per phase and the ratios.
+steps and the first is dropped as warm-up. Printed: median wall seconds per phase and the ratios, and the
+median CPU seconds per step (user + system of the trainer process, all threads), which other jobs on a
+shared machine disturb far less than wall time.
 
     python scripts/bench_vs_trl.py                 # 2 interleaved runs per side, 5 steps each
     python scripts/bench_vs_trl.py --runs 3 --json .bench/result.json
@@ -117,14 +119,40 @@ def run_ours(root: Path, model_dir: Path, data: Path, budget: int, steps: int, t
     for s in sets:
         cmd += ["--set", s]
     env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-    if out.returncode != 0:
-        raise RuntimeError(f"maspo train failed:\n{out.stderr[-4000:]}")
+    log = run_dir.parent / f"ours_{tag}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=ROOT)
+        cpu = _cpu_at_each_step(proc, run_dir / "metrics.jsonl")
+    if proc.returncode != 0:
+        raise RuntimeError(f"maspo train failed:\n{log.read_text()[-4000:]}")
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return [{"generate": r["time/generate"] + r["time/grade"], "train": r["time/train"],
-             "sync": r["time/sync"], "step": r["time/step"],
+             "sync": r["time/sync"], "step": r["time/step"], "cpu": c,
              "other": r["time/step"] - r["time/generate"] - r["time/grade"] - r["time/train"] - r["time/sync"]}
-            for r in recs]
+            for r, c in zip(recs, cpu)]
+
+
+def _cpu_at_each_step(proc: subprocess.Popen, metrics: Path) -> list[float]:
+    """CPU seconds (user + system, all threads) the trainer process spent per step, from its
+    ``/proc`` counters read whenever a metrics line appears (polled every 20 ms; the first step also
+    holds the start-up and is dropped as warm-up). Robust to other jobs on a shared machine, unlike
+    wall time. NaN where ``/proc`` is unavailable."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    marks: list[float] = []
+    seen = 0
+    while proc.poll() is None:
+        n = metrics.read_text().count("\n") if metrics.exists() else 0
+        if n > seen:
+            try:
+                fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                marks.append((int(fields[11]) + int(fields[12])) / tick)
+            except (OSError, IndexError, ValueError):
+                marks.append(float("nan"))
+            seen = n
+        time.sleep(0.02)
+    proc.wait()
+    return [b - a for a, b in zip([0.0, *marks], marks)]
 
 
 def run_trl(py: Path, root: Path, model_dir: Path, data: Path, steps: int, tag: str) -> list[dict]:
@@ -166,12 +194,13 @@ def trl_worker(model_dir: str, data: str, steps: int, out_file: str) -> None:
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            self.t0, self.n_gen = time.perf_counter(), len(gen_times)
+            self.t0, self.c0, self.n_gen = time.perf_counter(), time.process_time(), len(gen_times)
 
         def on_step_end(self, args, state, control, **kw):
             total = time.perf_counter() - self.t0
             gen = sum(gen_times[self.n_gen:])
-            steps_out.append({"generate": gen, "train": total - gen, "step": total})
+            steps_out.append({"generate": gen, "train": total - gen, "step": total,
+                              "cpu": time.process_time() - self.c0})
 
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(
@@ -224,8 +253,8 @@ def main() -> None:
             times = ", ".join(f"{s['step']:.2f}" for s in steps)
             print(f"run {i} {side:4s}: steps {times} s "
                   f"({time.perf_counter() - t0:.0f} s with start-up)", flush=True)
-    o = {k: _median(ours, k) for k in ("step", "generate", "train", "sync", "other")}
-    t = {k: _median(trl, k) for k in ("step", "generate", "train")}
+    o = {k: _median(ours, k) for k in ("step", "generate", "train", "sync", "other", "cpu")}
+    t = {k: _median(trl, k) for k in ("step", "generate", "train", "cpu")}
     print(f"\nmedian over steps 2-{args.steps} of {args.runs} interleaved runs per side (seconds):")
     print(f"{'phase':24s} {'ours':>7s} {'TRL':>7s} {'ours/TRL':>9s}")
     print(f"{'step':24s} {o['step']:7.2f} {t['step']:7.2f} {o['step'] / t['step']:9.2f}")
@@ -234,6 +263,7 @@ def main() -> None:
     print(f"{'train (fwd+bwd+optim)':24s} {o['train']:7.2f} {t['train']:7.2f} {o['train'] / t['train']:9.2f}")
     print(f"{'weight sync':24s} {o['sync']:7.2f} {'-':>7s}")
     print(f"{'other (diagnostics)':24s} {o['other']:7.2f} {'-':>7s}")
+    print(f"{'step, CPU seconds':24s} {o['cpu']:7.2f} {t['cpu']:7.2f} {o['cpu'] / t['cpu']:9.2f}")
     if args.json:
         args.json.write_text(json.dumps({"ours": ours, "trl": trl, "median_ours": o, "median_trl": t},
                                         indent=1))

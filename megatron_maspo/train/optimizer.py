@@ -107,17 +107,16 @@ def prefer_fused_adam(optimizer: Any) -> int:
         inner = getattr(opt, "optimizer", None)
         if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
             continue
+        groups = (inner.defaults, *inner.param_groups)
         params = [p for g in inner.param_groups for p in g["params"]]
-        if not params or any(not p.is_floating_point() or p.device.type not in ("cpu", "cuda")
-                             for p in params) or len({p.device for p in params}) > 1:
+        if (not params or any(g.get("differentiable") for g in groups)
+                or any(not p.is_floating_point() or p.device.type not in ("cpu", "cuda") for p in params)
+                or len({p.device for p in params}) > 1):
             continue
-        for group in (inner.defaults, *inner.param_groups):
-            if group.get("differentiable"):
-                break
+        for group in groups:
             group["fused"], group["foreach"] = True, False
-        else:
-            inner._step_supports_amp_scaling = True  # as torch's constructor does for fused=True
-            switched += 1
+        inner._step_supports_amp_scaling = True  # as torch's constructor does for fused=True
+        switched += 1
     if switched:
         logger.info("optimizer: PyTorch fused Adam kernel for %d parameter group set(s)", switched)
     return switched
