@@ -2,7 +2,7 @@
 
 It receives weights exactly like the vLLM engine (``load_weights`` of full HF-named tensors from the same
 bucketed resharding path), so every weight-sync test runs without a GPU. Generation is a plain loop:
-left-padded prefill of all ``P·n`` rows, then one token per step with the KV cache, Gumbel-max sampling
+left-padded prefill of all ``P·n`` rows, then one token per step with the KV cache, inverse-CDF sampling
 with one seeded generator per row (``sampling.py``).
 """
 
@@ -156,8 +156,11 @@ class BuiltinEngine:
         done = torch.zeros(len(rows), dtype=torch.bool, device=dev)
         cache, step_ids, step_pos = None, ids, pos
         for t in range(params.max_tokens):
+            if cache is None:  # the supported cache API: an explicit Cache object, filled in place
+                cache = _new_cache(self.model.config)
+            # logits_to_keep=1: the prefill projects only the last prompt position onto the vocabulary
             out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                             past_key_values=cache, use_cache=True)
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache = out.past_key_values
             lp = scaled_logprobs(out.logits[:, -1], params.temperature)
             tok = sample_tokens(lp, params.top_p, greedy, gens)
@@ -194,6 +197,16 @@ def default_engine_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _new_cache(config: Any) -> Any:
+    """An empty ``transformers.DynamicCache`` laid out for ``config`` (per-layer types, e.g. sliding)."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=config)
+    except TypeError:  # transformers < 4.56: no per-layer layout, one dynamic layer type
+        return DynamicCache()
 
 
 def _left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,7 @@
 """Pure sampling maths shared by the built-in engine and its tests.
 
+Sampling is inverse-CDF with one seeded uniform per row and token (:func:`sample_tokens`).
+
 Log-prob convention (loss-formulas.md §0.3, weight-sync-notes.md §2): the returned log-prob of a token is
 ``log softmax(z / T)[token]`` over the **full** vocabulary, i.e. the temperature-scaled distribution the
 trainer recomputes, *not* renormalised over the top-p nucleus. With ``top_p = 1`` (the RL default) it is
@@ -44,24 +46,35 @@ def top_p_mask(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def sample_tokens(logprobs: torch.Tensor, top_p: float, greedy: bool,
                   generators: list[torch.Generator]) -> torch.Tensor:
-    """Draw one token per row with the Gumbel-max trick and one generator per row.
+    """Draw one token per row by inverse-CDF sampling with one uniform from each row's generator.
 
-    One generator per row (seeded per prompt and sample index) makes a row's draws independent of what
-    else is in the batch, so the same seed reproduces the same completion regardless of batching.
+    One generator per row (seeded per prompt and sample index) makes a row's draw depend only on its
+    own generator and logits, so the same seed reproduces the same completion regardless of batching.
+    A row costs one fp32 ``exp``, one fp64 prefix sum and one binary search over the vocabulary, and a
+    single random number: no per-token full-vocabulary noise (Gumbel-max would draw ``V`` variates
+    and take ``V`` logs per row per token).
 
     Args:
         logprobs: [B, V] fp32 from :func:`scaled_logprobs`.
-        top_p: nucleus mass in (0, 1].
+        top_p: nucleus mass in (0, 1]; tokens outside the nucleus get probability 0 and the kept mass
+            is renormalised (the draw is scaled by the row's total).
         greedy: take the argmax instead of sampling.
         generators: B CPU generators (ignored when ``greedy``).
 
     Returns:
-        [B] int64 token ids.
+        [B] int64 token ids (on ``logprobs.device``).
     """
     if greedy:
         return logprobs.argmax(dim=-1)
-    masked = logprobs.masked_fill(~top_p_mask(logprobs, top_p), float("-inf"))
-    b, v = logprobs.shape
-    u = torch.stack([torch.rand(v, generator=g, dtype=torch.float64) for g in generators])
-    gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))
-    return (masked.double() + gumbel.to(masked.device)).argmax(dim=-1)
+    if len(generators) != logprobs.shape[0]:
+        raise ValueError(f"sample_tokens: {len(generators)} generators for {logprobs.shape[0]} rows")
+    probs = logprobs.exp()
+    if top_p < 1.0:
+        probs = probs.masked_fill(~top_p_mask(logprobs, top_p), 0.0)
+    # fp64 prefix sums: the CDF of a 50k-150k vocabulary keeps ~1e-12 relative accuracy.
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1:]
+    u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])
+    # x < total strictly, so the first index with cdf > x exists and has probability > 0.
+    x = torch.minimum(u.to(cdf.device)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, x, right=True).squeeze(-1)

@@ -5,7 +5,10 @@ One rollout step (loss-formulas.md §0.3) is :meth:`MegatronActor.train_step`:
 1. trim over-long / empty responses (counted), split the samples into ``mini_batches_per_step``
    mini-batches by prompt, and plan each one (:mod:`packing`): the same plan on every rank;
 2. recompute ``log π_old`` (and ``log π_ref`` when a KL term is on) with **the same** packing and
-   micro-batches as training, so ``ρ = 1`` exactly on the first mini-batch (``check_first_ratio``);
+   micro-batches as training, so ``ρ = 1`` exactly on the first mini-batch (``check_first_ratio``).
+   With a single mini-batch the weights cannot move before it is trained, so ``log π_old`` *is* the
+   training forward's own log-prob: the recompute is skipped and its detached value used instead
+   (:meth:`MegatronActor.reuses_forward_logprobs`), unless ``check_first_ratio`` asks for the check;
 3. per mini-batch: Megatron's pipeline schedule with the fused hidden→log-prob forward
    (:mod:`forward`), exact global token-mean via ``calculate_per_token_loss``, one all-reduce of
    the "all finite?" flag, then AdamW + clipping + LR schedule, or a skipped step on NaN/inf.
@@ -17,7 +20,6 @@ each builds tensors only for its DP shard.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
@@ -92,9 +94,12 @@ class MegatronActor:
             init_weights(chunks)
         self.reference: list | None = None
         if cfg.train.reference_model or cfg.loss.kl_coef > 0:
-            self.reference = [copy.deepcopy(c).eval() for c in chunks]
-            for c in self.reference:
-                c.requires_grad_(False)
+            # A fresh build + state copy: deepcopy fails on the process groups the modules hold.
+            self.reference = build_model_chunks(spec, self.opts, pp_rank=groups.pp_rank)
+            for ref, c in zip(self.reference, chunks):
+                ref.config.variable_seq_lengths = p.pp > 1
+                ref.load_state_dict(c.state_dict())
+                ref.eval().requires_grad_(False)
         total = cfg.train.steps * cfg.train.mini_batches_per_step
         bundle = build_optimizer(chunks, cfg.optim, total_steps=total, bf16=cfg.model.bf16,
                                  distributed_optimizer=p.distributed_optimizer)
@@ -108,6 +113,7 @@ class MegatronActor:
         # resident before any forward/backward or export (offloaded storages are empty).
         self.phase: Callable[[str], contextlib.AbstractContextManager] = lambda name: contextlib.nullcontext()
         self.offloader: Any = None
+        self._old_from_forward = False  # see reuses_forward_logprobs
 
     # ------------------------------------------------------------------ planning
     def plan(self, samples: Sequence[Sample]) -> tuple[list[MiniBatchPlan], list[int], PackStats]:
@@ -231,17 +237,31 @@ class MegatronActor:
         lcfg = self.cfg.loss if self.cfg.loss.nonfinite == "mask" else \
             dataclasses.replace(self.cfg.loss, nonfinite="mask")
         lp = faults.poison_logprobs(lp, mb.loss_mask.bool())
+        old = mb.old_logprobs
+        if old is None and self._old_from_forward:  # one mini-batch: π_old is this very forward
+            old = lp.detach()
         return compute_policy_loss(
-            lcfg, lp, mb.old_logprobs, mb.advantages, mb.loss_mask,
+            lcfg, lp, old, mb.advantages, mb.loss_mask,
             num_tokens_global=plan.num_tokens_global, num_seqs_global=plan.num_seqs_global,
             seq_ids=mb.seq_ids, entropy=ent, ref_logprobs=mb.ref_logprobs,
             rollout_logprobs=mb.rollout_logprobs, prompt_ids=mb.prompt_ids,
             dp_group=self.groups.dp_group)
 
-    def fill_old_logprobs(self, samples: Sequence[Sample], plans: list[MiniBatchPlan]) -> None:
-        """Recompute ``old_logprobs`` (and ``ref_logprobs`` if needed) for this rank's samples."""
+    def reuses_forward_logprobs(self, plans: list[MiniBatchPlan]) -> bool:
+        """True when the old-log-prob recompute provably equals the training forward (one mini-batch:
+        no optimizer step between them) and ``train.check_first_ratio`` does not ask to verify it."""
+        return len(plans) == 1 and not self.cfg.train.check_first_ratio
+
+    def fill_old_logprobs(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *,
+                          policy: bool = True) -> None:
+        """Recompute ``old_logprobs`` (if ``policy``) and ``ref_logprobs`` (if a KL term is on) for this
+        rank's samples; without ``policy`` the old ones are cleared (the training forward's are used)."""
         want_ref = self.cfg.loss.kl_coef > 0
-        for name, which, needed in (("old_logprobs", "policy", True),
+        self._old_from_forward = not policy
+        if not policy:
+            for s in samples:
+                s.old_logprobs = None
+        for name, which, needed in (("old_logprobs", "policy", policy),
                                     ("ref_logprobs", "reference", want_ref)):
             if needed:  # always: every PP stage must join the schedule, whatever the samples hold
                 for i, (lp, _) in self._logprobs_local(samples, plans, model=which).items():
@@ -304,6 +324,15 @@ class MegatronActor:
                                         group=g.pp_group)
         return out
 
+    def _store_forward_logprobs(self, samples: Sequence[Sample], plan: MiniBatchPlan,
+                                ctx: StepContext) -> None:
+        """``old_logprobs`` of this rank's samples from the training forward (last stage only); later
+        forwards need a recompute again (the optimizer step moves the weights)."""
+        self._old_from_forward = False
+        for mb, lp in zip(plan.micro_batches, ctx.logprobs):
+            for i, part in zip(mb.sample_index, lp.cpu().split(mb.resp_lens)):
+                samples[i].old_logprobs = part
+
     def _first_ratio_dev(self, samples: Sequence[Sample], plan: MiniBatchPlan,
                          ctx: StepContext) -> float:
         dev = torch.zeros(1, dtype=torch.float64)
@@ -331,8 +360,9 @@ class MegatronActor:
         plans, _, stats = self.plan(samples)
         for c in self.chunks:
             c.train()
+        reuse = self.reuses_forward_logprobs(plans)
         with self.phase("old_logprobs"):
-            self.fill_old_logprobs(samples, plans)
+            self.fill_old_logprobs(samples, plans, policy=not reuse)
         sums: dict[str, float] = {}
         out: dict[str, float] = {"actor/truncated": float(stats.truncated),
                                  "actor/truncated_tokens": float(stats.truncated_tokens),
@@ -344,7 +374,10 @@ class MegatronActor:
                 skipped += 1
                 continue
             ctx = self.forward_backward(samples, plan)
-            if k == 0:
+            if k == 0 and reuse:  # ρ = 1 by construction; keep the old log-probs for diagnostics
+                self._store_forward_logprobs(samples, plan, ctx)
+                out["actor/first_ratio_max_abs_dev"] = 0.0
+            elif k == 0:
                 dev = self._first_ratio_dev(samples, plan, ctx)
                 out["actor/first_ratio_max_abs_dev"] = dev
                 if self.cfg.train.check_first_ratio and dev > FIRST_RATIO_TOL:

@@ -3,6 +3,10 @@
 Gradient scaling follows loss-formulas.md §2.2: with ``calculate_per_token_loss=True`` DDP sums
 gradients (scaling factor 1, ``average_in_collective=False``) and ``finalize_model_grads`` divides
 them by the token count all-reduced over DP, which the loss function returns as its second output.
+
+Without Transformer Engine or Apex (CPU, plain CUDA installs) Megatron falls back to
+``torch.optim.AdamW`` in its per-tensor loop; :func:`prefer_fused_adam` switches that to PyTorch's
+fused kernel (CPU and CUDA): the same update rule, several times faster.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ def build_optimizer(chunks: list, optim: OptimConfig, *, total_steps: int, bf16:
         use_distributed_optimizer=distributed_optimizer)
     with spoof_tensor_type():  # CPU: Megatron asserts 'torch.cuda.*' type strings
         optimizer = get_megatron_optimizer(ocfg, wrapped)
+    prefer_fused_adam(optimizer)
     wrapped[0].config.grad_scale_func = optimizer.scale_loss
     steps = max(total_steps, optim.warmup_steps + 1)
     scheduler = OptimizerParamScheduler(
@@ -88,15 +93,46 @@ def build_optimizer(chunks: list, optim: OptimConfig, *, total_steps: int, bf16:
     return OptimizerBundle(chunks=wrapped, optimizer=optimizer, scheduler=scheduler)
 
 
+def prefer_fused_adam(optimizer: Any) -> int:
+    """Switch Megatron's torch ``Adam``/``AdamW`` fallback to PyTorch's fused kernel, in place.
+
+    TE's / Apex's ``FusedAdam`` (what Megatron picks when installed) is left alone. The fused kernel
+    needs floating-point parameters on a CPU or CUDA device; otherwise the optimizer is unchanged.
+
+    Returns:
+        how many inner optimizers were switched.
+    """
+    switched = 0
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            continue
+        groups = (inner.defaults, *inner.param_groups)
+        params = [p for g in inner.param_groups for p in g["params"]]
+        if (not params or any(g.get("differentiable") for g in groups)
+                or any(not p.is_floating_point() or p.device.type not in ("cpu", "cuda") for p in params)
+                or len({p.device for p in params}) > 1):
+            continue
+        for group in groups:
+            group["fused"], group["foreach"] = True, False
+        inner._step_supports_amp_scaling = True  # as torch's constructor does for fused=True
+        switched += 1
+    if switched:
+        logger.info("optimizer: PyTorch fused Adam kernel for %d parameter group set(s)", switched)
+    return switched
+
+
 def grads_finite(wrapped: list) -> bool:
     """True if every local gradient-buffer element is finite (no collective).
 
-    Checked over whole DDP buffers (one fused reduction per buffer): with the distributed optimizer
-    a NaN anywhere reaches some rank's shard after reduce-scatter, so the all-ranks AND the actor
-    takes afterwards is exact.
+    One sum per DDP buffer: any NaN or ±inf element makes the sum non-finite, and a sum of finite
+    fp32 gradients only overflows if they reach ~1e38 / numel (a broken step anyway). That is a
+    single read of the buffer, against an ``isfinite`` mask of its full size. With the distributed
+    optimizer a NaN anywhere reaches some rank's shard after reduce-scatter, so the all-ranks AND
+    the actor takes afterwards is exact.
     """
     for w in wrapped:
         for buf in w.buffers + w.expert_parallel_buffers:
-            if not bool(torch.isfinite(buf.grad_data).all()):
+            if not bool(torch.isfinite(buf.grad_data.sum())):
                 return False
     return True

@@ -64,6 +64,8 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     a = _run(sets=[*MICRO, "train.steps=4", "checkpoint.save_every=2", f"checkpoint.run_dir={full}"])
     assert a.returncode == 0, a.stderr[-3000:]
+    assert not [ln for ln in a.stderr.splitlines() if "transformers" in ln and
+                ("deprecat" in ln.lower() or "will be removed" in ln)], "transformers deprecation warning"
     b = _run(sets=[*MICRO, "train.steps=2", "checkpoint.save_every=2", f"checkpoint.run_dir={part}"])
     assert b.returncode == 0, b.stderr[-3000:]
     c = _run("--resume", str(part), sets=["train.steps=4"])
