@@ -159,7 +159,7 @@ class MegatronActor:
     def _context(self) -> StepContext:
         return StepContext(tp_group=self.groups.tp_group, vocab_size=self.spec.vocab_size,
                            temperature=self.cfg.rollout.temperature,
-                           chunk_size=self.cfg.train.logprob_chunk_size)
+                           chunk_bytes=self.cfg.train.logprob_chunk_bytes)
 
     def _logprobs_local(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *,
                         model: str) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
