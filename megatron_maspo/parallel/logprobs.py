@@ -26,6 +26,7 @@ import logging
 import torch
 import torch.distributed as dist
 
+from megatron_maspo.parallel.logprobs_budget import ChunkPlan, plan_chunks
 from megatron_maspo.parallel.logprobs_core import (
     SWEEPS,
     SweepCounter,
@@ -38,7 +39,6 @@ from megatron_maspo.parallel.logprobs_core import (
     local_labels,
     workspace,
 )
-from megatron_maspo.parallel.logprobs_budget import ChunkPlan, plan_chunks
 from megatron_maspo.parallel.logprobs_hidden import vocab_parallel_logprobs_from_hidden
 
 logger = logging.getLogger(__name__)

@@ -52,12 +52,12 @@ class ChunkPlan:
     workspace_bytes: int
 
 
-def default_budget(device: "torch.device") -> int:
+def default_budget(device: torch.device) -> int:
     """The default workspace budget in bytes for ``device``."""
     return DEFAULT_BUDGET_BYTES.get(device.type, DEFAULT_BUDGET_BYTES["cuda"])
 
 
-def plan_chunks(num_tokens: int, vocab_local: int, elt_size: int, device: "torch.device", *,
+def plan_chunks(num_tokens: int, vocab_local: int, elt_size: int, device: torch.device, *,
                 tile: bool, budget_bytes: int | None = None,
                 chunk_size: int | None = None) -> ChunkPlan:
     """Tokens per chunk and rows per fp32 block so that the workspace stays within the budget.

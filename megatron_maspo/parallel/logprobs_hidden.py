@@ -29,6 +29,7 @@ import logging
 import torch
 import torch.distributed as dist
 
+from megatron_maspo.parallel.logprobs_budget import ChunkPlan, plan_chunks
 from megatron_maspo.parallel.logprobs_core import (
     acc_dtype,
     check_inputs,
@@ -38,7 +39,6 @@ from megatron_maspo.parallel.logprobs_core import (
     local_labels,
     workspace,
 )
-from megatron_maspo.parallel.logprobs_budget import ChunkPlan, plan_chunks
 
 logger = logging.getLogger(__name__)
 

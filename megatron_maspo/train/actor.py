@@ -20,7 +20,6 @@ import copy
 import logging
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,6 +46,7 @@ from megatron_maspo.train.packing import (
     block_causal_mask,
     plan_mini_batch,
     split_mini_batches,
+    token_inputs,
     trim_lengths,
 )
 from megatron_maspo.train.samples import Sample
@@ -118,30 +118,13 @@ class MegatronActor:
 
     def _inputs(self, samples: Sequence[Sample], mb: PackedMicroBatch) -> MicroBatchInputs:
         dev = self.device
-
-        def per_token(get: Callable[[Sample, int], Any]) -> torch.Tensor | None:
-            parts = []
-            for i, n in zip(mb.sample_index, mb.resp_lens):
-                v = get(samples[i], n)
-                if v is None:
-                    return None
-                parts.append(torch.as_tensor(v, dtype=torch.float32).reshape(-1)[:n])
-            if not parts:  # filler row: one masked token
-                return torch.zeros(1)
-            return torch.cat(parts)
-
-        adv = per_token(lambda s, n: torch.full((n,), float(s.advantage)))
-        pid = torch.tensor([samples[i].prompt_index for i in mb.seq_ids.tolist()] if mb.sample_index
-                           else [0], dtype=torch.long)
-        opt = {k: (None if t is None else t.to(dev)) for k, t in {
-            "old_logprobs": per_token(lambda s, n: s.old_logprobs),
-            "ref_logprobs": per_token(lambda s, n: s.ref_logprobs),
-            "rollout_logprobs": per_token(lambda s, n: s.rollout_logprobs)}.items()}
+        per_token = {k: (None if t is None else t.to(dev))
+                     for k, t in token_inputs(samples, mb).items()}
         return MicroBatchInputs(
             tokens=mb.tokens.view(1, -1).to(dev), position_ids=mb.position_ids.view(1, -1).to(dev),
             attention_mask=block_causal_mask(mb.seq_lens, dev), resp_index=mb.resp_index.to(dev),
             labels=mb.labels.to(dev), loss_mask=mb.loss_mask.to(dev), seq_ids=mb.seq_ids.to(dev),
-            prompt_ids=pid.to(dev), advantages=adv.to(dev), num_tokens=mb.num_tokens, **opt)
+            num_tokens=mb.num_tokens, **per_token)
 
     # ------------------------------------------------------------------ schedule
     def _run(self, chunks: list, inputs: list[MicroBatchInputs], ctx: StepContext,
