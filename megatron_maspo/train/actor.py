@@ -38,7 +38,7 @@ from megatron_maspo.train.forward import (
     make_forward_step,
     unwrap,
 )
-from megatron_maspo.train.optimizer import build_optimizer, grads_finite
+from megatron_maspo.train.optimizer import build_optimizer, grads_finite, overlap_options
 from megatron_maspo.train.packing import (
     MiniBatchPlan,
     PackedMicroBatch,
@@ -96,8 +96,9 @@ class MegatronActor:
             for c in self.reference:
                 c.requires_grad_(False)
         total = cfg.train.steps * cfg.train.mini_batches_per_step
+        self.overlap = overlap_options(p, cuda=self.device.type == "cuda")
         bundle = build_optimizer(chunks, cfg.optim, total_steps=total, bf16=cfg.model.bf16,
-                                 distributed_optimizer=p.distributed_optimizer)
+                                 distributed_optimizer=p.distributed_optimizer, **self.overlap)
         self.chunks, self.optimizer, self.scheduler = bundle.chunks, bundle.optimizer, bundle.scheduler
         # Megatron's allgather MoE dispatcher (CPU at EP > 1) needs equal row lengths over the EP group
         self._equal_rows = p.ep > 1 and getattr(
@@ -309,6 +310,11 @@ class MegatronActor:
             out[f"actor/loss_mb{k}"] = metrics.get("actor/loss", float("nan"))
             for key, v in metrics.items():
                 sums[key] = sums.get(key, 0.0) + v
+        if self.overlap["overlap_param_gather"]:
+            # the last step's all-gather would wait for the next forward: finish it now, so weight
+            # sync and checkpoints read updated parameters (earlier mini-batches keep the overlap)
+            for c in self.chunks:
+                c.start_param_sync(force_sync=True)
         n = max(len(plans), 1)
         out.update({k: v / n for k, v in sums.items() if k != "actor/step_skipped"})
         out["actor/steps_skipped"] = float(skipped)
