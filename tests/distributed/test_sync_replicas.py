@@ -31,5 +31,6 @@ def test_dp_replicas_skip_the_export():
             if ep > 1 or tp == 4:  # EP gathers span DP; tp 4 is one replica
                 assert to_first and to_last, (rank, tp, ep)
             else:  # TP-fastest order: rank // tp is the replica
+                assert dp_rank == rank // tp, (rank, tp, dp_rank)
                 assert to_first == (rank // tp == 0), (rank, tp)
                 assert to_last == (rank // tp == (4 - 1) // tp), (rank, tp)
