@@ -27,7 +27,7 @@ import torch.distributed as dist
 from megatron_maspo.config import MaspoConfig
 from megatron_maspo.loss.metrics import finalize_metrics, reduce_metrics
 from megatron_maspo.loss.policy import compute_policy_loss
-from megatron_maspo.model.provider import ModelBuildOptions, build_model_chunks
+from megatron_maspo.model.provider import build_model_chunks
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
 from megatron_maspo.parallel.groups import ParallelGroups, default_device
@@ -38,6 +38,7 @@ from megatron_maspo.train.forward import (
     make_forward_step,
     unwrap,
 )
+from megatron_maspo.train.inference import actor_build_options
 from megatron_maspo.train.optimizer import build_optimizer, grads_finite, overlap_options
 from megatron_maspo.train.packing import (
     MiniBatchPlan,
@@ -76,14 +77,7 @@ class MegatronActor:
                              f"match cfg.parallel (tp={p.tp}, pp={p.pp}, ep={p.ep})")
         self.cfg, self.spec, self.groups = cfg, spec, groups
         self.device = default_device()
-        self.opts = ModelBuildOptions(
-            tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, bf16=cfg.model.bf16, recompute=cfg.model.recompute,
-            make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
-            calculate_per_token_loss=True,
-            # Packed rows rely on an explicit block-causal mask, which the local spec honours. TE's
-            # attention needs thd PackedSeqParams for packing instead; until that path is wired and
-            # tested, the actor always builds the local spec (TE remains available to other callers).
-            use_te=False)
+        self.opts = actor_build_options(cfg)  # shared with the inference-only policy
         chunks = build_model_chunks(spec, self.opts, pp_rank=groups.pp_rank)
         for c in chunks:
             # packed rows differ in length: PP stages exchange shapes first
