@@ -68,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
     from megatron_maspo.reward.math_reward import MathReward
     from megatron_maspo.rollout.types import SamplingParams
     from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
-    from megatron_maspo.train.inference import InferencePolicy
     from megatron_maspo.train.checkpoint import list_checkpoints, load_checkpoint
     from megatron_maspo.train.components import build_engine, build_policy_source
     from megatron_maspo.train.distributed import setup_distributed
+    from megatron_maspo.train.inference import InferencePolicy
     from megatron_maspo.train.loop import CHECKPOINT_SUBDIR
 
     rank, world = setup_distributed()
