@@ -101,3 +101,14 @@ def plan_chunks(num_tokens: int, vocab_local: int, elt_size: int, device: torch.
                            "row per chunk", budget, row_tmp + row_tile, vocab_local)
     return ChunkPlan(chunk=chunk, block=block,
                      workspace_bytes=(chunk if tile else 0) * row_tile + block * row_tmp)
+
+
+def chunk_bounds(num_tokens: int, chunk: int) -> list[tuple[int, int]]:
+    """``[(start, stop)]`` covering ``[0, T)``: the short remainder first, then full chunks.
+
+    The from-hidden forward walks them in order, so its tile ends up holding the last, full chunk;
+    backward walks them in reverse and starts from that tile without recomputing it.
+    """
+    rem = num_tokens % chunk
+    starts = ([0] if rem else []) + list(range(rem, num_tokens, chunk))
+    return [(s, min(s + (rem if s == 0 and rem else chunk), num_tokens)) for s in starts]

@@ -29,7 +29,7 @@ import logging
 import torch
 import torch.distributed as dist
 
-from megatron_maspo.parallel.logprobs_budget import ChunkPlan, plan_chunks
+from megatron_maspo.parallel.logprobs_budget import ChunkPlan, chunk_bounds, plan_chunks
 from megatron_maspo.parallel.logprobs_core import (
     acc_dtype,
     check_inputs,
@@ -58,8 +58,8 @@ class _VocabParallelLogprobsFromHidden(torch.autograd.Function):
         stats = [hidden.new_empty(num_tokens, dtype=acc) for _ in range(4)]
         tile = hidden.new_empty(min(plan.chunk, num_tokens), num_valid)
         bufs = workspace(plan.block, num_valid, hidden.device, acc)
-        for c0 in range(0, num_tokens, plan.chunk):
-            c1 = min(c0 + plan.chunk, num_tokens)
+        bounds = chunk_bounds(num_tokens, plan.chunk)
+        for c0, c1 in bounds:
             z = tile[: c1 - c0]
             torch.mm(hidden[c0:c1], w.t(), out=z)
             for dst, src in zip(stats, chunk_stats(z, idx[c0:c1], temperature, bufs)):
@@ -68,17 +68,17 @@ class _VocabParallelLogprobsFromHidden(torch.autograd.Function):
         logprob, entropy, _, mean_x = combine_stats(*stats, keep, group)
         lse = mean_x + entropy  # E_p[x] + H; recomputed rather than saved twice
         ctx.save_for_backward(hidden, weight, idx, keep, lse, mean_x)
-        ctx.cfg = (group, temperature, plan, num_valid)
-        # Store instead of recompute when the whole call is one chunk: the tile (<= the budget) is
-        # already allocated and intact, and backward skips one of its four GEMMs.
-        one_chunk = num_tokens <= plan.chunk and any(ctx.needs_input_grad[:2])
-        ctx.tile = tile if one_chunk else None
+        ctx.cfg = (group, temperature, plan, num_valid, bounds)
+        # Store instead of recompute for the last chunk: the tile (<= the budget) still holds its
+        # logits (the sweeps above never write it), so backward starts there without its GEMM. One
+        # chunk per call (T <= C) means no recompute at all.
+        ctx.tile = tile if bounds and any(ctx.needs_input_grad[:2]) else None
         return logprob, entropy
 
     @staticmethod
     def backward(ctx, g_lp: torch.Tensor, g_ent: torch.Tensor):
         hidden, weight, idx, keep, lse, mean_x = ctx.saved_tensors
-        group, temperature, plan, num_valid = ctx.cfg
+        group, temperature, plan, num_valid, bounds = ctx.cfg
         tile, ctx.tile = ctx.tile, None  # consumed in place: a second backward recomputes
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         g_lp = torch.where(keep, g_lp.to(lse.dtype), 0.0)
@@ -94,14 +94,14 @@ class _VocabParallelLogprobsFromHidden(torch.autograd.Function):
         if need_w:
             d_w = d_weight[:num_valid] if weight.dtype == lse.dtype else w.new_zeros(
                 w.shape, dtype=lse.dtype)
-        recompute = tile is None
-        if recompute and num_tokens:
+        kept = tile is not None
+        if not kept and num_tokens:
             tile = hidden.new_empty(min(plan.chunk, num_tokens), num_valid)
         bufs = workspace(plan.block, num_valid, hidden.device, lse.dtype) if num_tokens else None
-        for c0 in range(0, num_tokens, plan.chunk):
-            sl = slice(c0, min(c0 + plan.chunk, num_tokens))
-            h, dz = hidden[sl], tile[: sl.stop - c0]
-            if recompute:
+        for k, (c0, c1) in enumerate(reversed(bounds) if num_tokens else ()):
+            sl = slice(c0, c1)
+            h, dz = hidden[sl], tile[: c1 - c0]
+            if k or not kept:  # recompute z = h W^T (the forward's tile holds only the last chunk)
                 torch.mm(h, w.t(), out=dz)
             chunk_grad(dz, idx[sl], lse[sl], mean_x[sl], g_lp[sl], g_ent[sl], None, temperature,
                        out=dz, bufs=bufs)
