@@ -4,7 +4,8 @@
     maspo eval runs/qwen7b --data aime24.jsonl --data math500.jsonl --k 32 --max-new-tokens 8192
     torchrun --nproc-per-node 8 -m megatron_maspo.cli.main eval runs/qwen7b --data aime24.jsonl
 
-Loads the run's config.yaml, builds the actor at the run's layout, loads the latest (or the given)
+Loads the run's config.yaml, builds an inference-only policy (no gradient buffers, optimizer or fp32
+master copy) at the run's layout, loads the latest (or the given)
 checkpoint, syncs it into the engine and samples k responses per problem. Benchmark files are local
 files in any format the data loaders read (AIME / AMC / MATH500 / Minerva / OlympiadBench field names
 are detected). Without ``--data`` a fresh draw of the run's synthetic task (another seed) is used; for
@@ -67,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
     from megatron_maspo.reward.math_reward import MathReward
     from megatron_maspo.rollout.types import SamplingParams
     from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
-    from megatron_maspo.train.actor import MegatronActor
     from megatron_maspo.train.checkpoint import list_checkpoints, load_checkpoint
     from megatron_maspo.train.components import build_engine, build_policy_source
     from megatron_maspo.train.distributed import setup_distributed
+    from megatron_maspo.train.inference import InferencePolicy
     from megatron_maspo.train.loop import CHECKPOINT_SUBDIR
 
     rank, world = setup_distributed()
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     groups = init_parallel(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, seed=cfg.train.seed)
     try:
         tok, spec, init = build_policy_source(cfg, groups)
-        actor = MegatronActor(cfg, spec, groups, init_weights=init)
+        # weights only: no DDP gradient buffer, no optimizer, no fp32 master copy
+        actor = InferencePolicy(cfg, spec, groups, init_weights=init)
         ckpts = list_checkpoints(Path(args.run_dir) / CHECKPOINT_SUBDIR)
         ckpt = args.checkpoint or (ckpts[-1] if ckpts else None)
         if ckpt is None:

@@ -9,8 +9,8 @@ Memory (GiB = 2^30 bytes, per GPU, on the worst pipeline stage; P_l = parameters
     activations = k * (L / pp) * N * a            N = train.max_tokens_per_micro_batch tokens per micro-batch,
                                                   k = micro-batches in flight on stage 0 (min(pp, #micro)),
                                                   a = bytes per token per layer (below)
-    logprob     = 2 * C * V_pad / tp * 4          one fp32 logits chunk of C = train.logprob_chunk_size tokens
-                                                  and its softmax/gradient buffer
+    logprob     = min(B, N * V_pad / tp * (e + 8))  the fused log-prob workspace: B = train.logprob_chunk_bytes
+                                                  (default 256 MiB), or less when the whole micro-batch fits
     engine      = u * M                           colocated vLLM: gpu_memory_utilization x GPU memory
                                                   (its weights 2 * P / vllm_tp + paged KV cache fill it)
 
@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
+from megatron_maspo.parallel.logprobs_budget import DEFAULT_BUDGET_BYTES
 
 if TYPE_CHECKING:
     from megatron_maspo.config import MaspoConfig
@@ -325,8 +326,8 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     act += n_tok * spec.hidden_size * elt / (lay.tp if sp else 1)  # final hidden states for the LM head
     attn = dense_attention_bytes(spec, lay, n_tok, inflight, elt) if backend == "dense_mask" else 0.0
     v_pad = spec.padded_vocab_size(lay.tp, cfg.model.make_vocab_size_divisible_by)
-    chunk = min(tr.logprob_chunk_size, n_tok)
-    logprob = 2 * chunk * v_pad / lay.tp * 4
+    budget = tr.logprob_chunk_bytes or DEFAULT_BUDGET_BYTES["cuda"]
+    logprob = min(budget, n_tok * v_pad / lay.tp * (elt + 8))
     p_total = spec.num_parameters()
     engine_w = 2 * p_total / lay.vllm_tp
     if ro.engine == "vllm":

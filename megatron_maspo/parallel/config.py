@@ -19,6 +19,12 @@ class ParallelConfig:
     """Virtual pipeline chunks per stage (interleaved schedule); None disables it."""
     distributed_optimizer: bool = False
     """Shard optimizer state over data-parallel ranks (Megatron DistributedOptimizer, Adam only)."""
+    overlap_grad_reduce: bool | None = None
+    """Overlap the data-parallel gradient reduce(-scatter) with backward (Megatron DDP buckets).
+    None = on when training on GPU with dp > 1; off on CPU (gloo), where it buys nothing."""
+    overlap_param_gather: bool | None = None
+    """Overlap the distributed optimizer's parameter all-gather with the next forward. Needs
+    ``distributed_optimizer`` and ``overlap_grad_reduce``; None = on exactly then (GPU, dp > 1)."""
     world_size: int = 1
     """Processes the job runs on (nodes x GPUs per node); set by the launcher, 1 on the CPU default."""
 

@@ -34,10 +34,6 @@ from megatron_maspo.parallel import comm
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CHUNK_ELEMENTS = 1 << 26
-"""Default chunk budget in fp32 elements of one ``[C, V/tp]`` temporary (256 MiB)."""
-
-
 @dataclass(slots=True)
 class SweepCounter:
     """Counts full-vocabulary sweeps over a chunk (performance target C8).
@@ -76,15 +72,6 @@ def group_rank_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
     if group is None:
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
-
-
-def resolve_chunk(chunk_size: int | None, num_tokens: int, vocab_local: int) -> int:
-    """Tokens per chunk: ``chunk_size`` or a default fitting :data:`DEFAULT_CHUNK_ELEMENTS`."""
-    if chunk_size is None:
-        chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // max(vocab_local, 1))
-    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
-    return max(1, min(chunk_size, num_tokens))
 
 
 def check_inputs(labels: torch.Tensor, num_tokens: int, vocab_local: int,
@@ -133,38 +120,61 @@ def local_labels(labels: torch.Tensor, vocab_start: int, num_valid: int,
     return torch.where(mine, local, -1), keep
 
 
-def chunk_stats(z: torch.Tensor, idx: torch.Tensor, temperature: float
+def workspace(block: int, n: int, device: torch.device, dtype: torch.dtype = torch.float32
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two reusable fp32 (fp64 for fp64 inputs) row-block temporaries, each ``[block, n]``.
+
+    Allocated once per forward/backward and reused by every block: no allocator traffic (or, on
+    CPU, fresh page faults) per chunk.
+    """
+    return (torch.empty(block, n, device=device, dtype=dtype),
+            torch.empty(block, n, device=device, dtype=dtype))
+
+
+def chunk_stats(z: torch.Tensor, idx: torch.Tensor, temperature: float,
+                bufs: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One sweep over a chunk of local, valid logits.
+    """One sweep over a chunk of local, valid logits, in row blocks of ``bufs``' height.
+
+    Per row block, four elementwise passes with no allocation: ``a = (z - m)/τ`` (the upcast
+    copy), ``b = exp(a)``, ``Σ b``, ``Σ b·a`` (in place). ``z`` itself is never modified.
 
     Args:
         z: [C, n] any float dtype, this rank's valid (non-padded) vocabulary columns.
         idx: [C] int64, local label column or -1 (label elsewhere / ignored).
         temperature: τ; statistics are of ``x = z / τ``.
+        bufs: two ``[R, n]`` temporaries in the reduction dtype (:func:`workspace`); None =
+            one block of ``C`` rows.
 
     Returns:
         ``(m, s, u, t)``, each [C] fp32: local max of x, ``Σ e^(x-m)``, ``Σ e^(x-m)(x-m)`` (≤ 0),
         and ``x_label`` (0 where ``idx`` is -1).
     """
-    rows = z.shape[0]
-    if z.shape[1] == 0:  # a rank holding only padded rows
-        zero = z.new_zeros(rows, dtype=acc_dtype(z.dtype))
+    rows, n = z.shape
+    acc = acc_dtype(z.dtype)
+    if n == 0:  # a rank holding only padded rows
+        zero = z.new_zeros(rows, dtype=acc)
         return torch.full_like(zero, float("-inf")), zero, zero.clone(), zero.clone()
     if SWEEPS.enabled:
         SWEEPS.forward += 1
-    # Upcast per chunk into a private copy: the in-place maths below must never touch the caller's
-    # logits.
-    x = z.to(acc_dtype(z.dtype), copy=True)
-    if temperature != 1.0:
-        x.div_(temperature)
+    if bufs is None:
+        bufs = workspace(rows, n, z.device, acc)
+    inv = 1.0 / temperature
     has = idx >= 0
-    t = x.gather(1, idx.clamp(min=0).unsqueeze(1)).squeeze(1).masked_fill_(~has, 0.0)
-    m = x.amax(dim=1)
-    x.sub_(m.unsqueeze(1))
-    e = torch.exp(x)
-    s = e.sum(dim=1)
-    u = e.mul_(x).sum(dim=1)
-    return m, s, u, t
+    t = z.gather(1, idx.clamp(min=0).unsqueeze(1)).squeeze(1).to(acc).mul_(inv).masked_fill_(~has, 0.0)
+    m, s, u = (torch.empty_like(t) for _ in range(3))
+    step = bufs[0].shape[0]
+    for r0 in range(0, rows, step):
+        r1 = min(r0 + step, rows)
+        a, b = bufs[0][: r1 - r0], bufs[1][: r1 - r0]
+        m[r0:r1] = z[r0:r1].amax(dim=1)  # exact in any float dtype; the rows are now in cache
+        torch.sub(z[r0:r1], m[r0:r1].unsqueeze(1), out=a)  # upcast + shift in one pass
+        if temperature != 1.0:
+            a.mul_(inv)
+        torch.exp(a, out=b)
+        torch.sum(b, dim=1, out=s[r0:r1])
+        torch.sum(b.mul_(a), dim=1, out=u[r0:r1])
+    return m.mul_(inv), s, u, t
 
 
 def combine_stats(m: torch.Tensor, s: torch.Tensor, u: torch.Tensor, t: torch.Tensor,
@@ -203,8 +213,14 @@ def combine_stats(m: torch.Tensor, s: torch.Tensor, u: torch.Tensor, t: torch.Te
 
 def chunk_grad(z: torch.Tensor, idx: torch.Tensor, lse: torch.Tensor, mean_x: torch.Tensor,
                g_lp: torch.Tensor, g_ent: torch.Tensor, g_lse: torch.Tensor | None,
-               temperature: float) -> torch.Tensor:
-    """Recompute one chunk's softmax and return ∂L/∂z (see the module docstring).
+               temperature: float, out: torch.Tensor,
+               bufs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Recompute one chunk's softmax and write ∂L/∂z into ``out`` (see the module docstring).
+
+    With ``x = z/τ`` the gradient is ``∂L/∂z_j = p_j (k z_j + b) + δ_jy g_lp/τ`` where
+    ``k = -g_H/τ²`` and ``b = (g_H E_p[x] - g_lp + g_lse)/τ`` are per-token scalars, so each row
+    block takes three elementwise passes and no allocation: ``a = exp(x - lse)`` (the upcast copy),
+    ``b = k·z + b`` (one fused multiply-add), ``out = a·b``.
 
     Args:
         z: [C, n] this rank's valid logits for the chunk, any float dtype.
@@ -213,25 +229,42 @@ def chunk_grad(z: torch.Tensor, idx: torch.Tensor, lse: torch.Tensor, mean_x: to
         g_lp: [C] fp32 upstream grad of log-prob, already zeroed for ignored labels.
         g_ent: [C] fp32 upstream grad of entropy; g_lse: [C] fp32 or None.
         temperature: τ.
+        out: [C, n] where the gradient goes (any float dtype; may be ``z`` itself: each block reads
+            its rows of ``z`` before writing them).
+        bufs: two ``[R, n]`` temporaries in the reduction dtype; None = one block of ``C`` rows.
 
     Returns:
-        [C, n] gradient w.r.t. ``z`` in the reduction dtype (fp32; fp64 for fp64 ``z``), the 1/τ
-        chain factor included.
+        ``out``.
     """
     if SWEEPS.enabled:
         SWEEPS.backward += 1
-    x = z.to(acc_dtype(z.dtype), copy=True)
-    if temperature != 1.0:
-        x.div_(temperature)
-    p = torch.sub(x, lse.unsqueeze(1)).exp_()  # in place: two chunk temporaries, not three
-    # coefficient c_j = g_H (x_j - E[x]) + g_lp - g_lse; grad = -p_j c_j + g_lp δ_jy
-    x.sub_(mean_x.unsqueeze(1)).mul_(g_ent.unsqueeze(1)).add_(g_lp.unsqueeze(1))
+    rows, n = z.shape
+    if bufs is None:
+        bufs = workspace(rows, n, z.device, acc_dtype(z.dtype))
+    inv = 1.0 / temperature
+    shift = (lse * temperature).unsqueeze(1)
+    k = (g_ent * -(inv * inv)).unsqueeze(1)
+    bias = g_ent * mean_x - g_lp
     if g_lse is not None:
-        x.sub_(g_lse.unsqueeze(1))
-    grad = x.mul_(p).neg_()
+        bias = bias + g_lse
+    bias = bias.mul_(inv).unsqueeze(1)
     # Rows whose label is elsewhere add 0 at column 0: no host sync, no data-dependent shapes.
-    add = torch.where(idx >= 0, g_lp, 0.0).unsqueeze(1)
-    grad.scatter_add_(1, idx.clamp(min=0).unsqueeze(1), add)
-    if temperature != 1.0:
-        grad.div_(temperature)
-    return grad
+    add = torch.where(idx >= 0, g_lp * inv, 0.0).unsqueeze(1)
+    col = idx.clamp(min=0).unsqueeze(1)
+    step = bufs[0].shape[0]
+    exact = out.dtype == bufs[0].dtype
+    for r0 in range(0, rows, step):
+        r1 = min(r0 + step, rows)
+        a, b = bufs[0][: r1 - r0], bufs[1][: r1 - r0]
+        torch.sub(z[r0:r1], shift[r0:r1], out=a)
+        if temperature != 1.0:
+            a.mul_(inv)
+        a.exp_()  # p
+        torch.addcmul(bias[r0:r1], z[r0:r1], k[r0:r1], out=b)
+        if exact:
+            torch.mul(a, b, out=out[r0:r1])
+        else:  # bf16/fp16 out: add the label term in fp32, then round once
+            out[r0:r1] = a.mul_(b).scatter_add_(1, col[r0:r1], add[r0:r1])
+    if exact:
+        out.scatter_add_(1, col, add)
+    return out

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_maspo.parallel import comm
+from megatron_maspo.parallel.logprobs_budget import ChunkPlan, chunk_bounds, plan_chunks
 from megatron_maspo.parallel.logprobs_core import (
     acc_dtype,
     check_inputs,
@@ -37,7 +38,7 @@ from megatron_maspo.parallel.logprobs_core import (
     chunk_stats,
     combine_stats,
     local_labels,
-    resolve_chunk,
+    workspace,
 )
 
 logger = logging.getLogger(__name__)
@@ -48,53 +49,75 @@ class _VocabParallelLogprobsFromHidden(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                group: dist.ProcessGroup | None, temperature: float, chunk: int, vocab_start: int,
-                num_valid: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+                group: dist.ProcessGroup | None, temperature: float, plan: ChunkPlan,
+                vocab_start: int, num_valid: int, ignore_index: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens = hidden.shape[0]
+        acc = acc_dtype(hidden.dtype)
         idx, keep = local_labels(labels, vocab_start, num_valid, ignore_index)
         w = weight[:num_valid]  # padded rows are never multiplied
-        stats = [hidden.new_empty(num_tokens, dtype=acc_dtype(hidden.dtype)) for _ in range(4)]
-        for c0 in range(0, num_tokens, chunk):
-            c1 = min(c0 + chunk, num_tokens)
-            z = hidden[c0:c1] @ w.t()
-            for dst, src in zip(stats, chunk_stats(z, idx[c0:c1], temperature)):
+        stats = [hidden.new_empty(num_tokens, dtype=acc) for _ in range(4)]
+        tile = hidden.new_empty(min(plan.chunk, num_tokens), num_valid)
+        bufs = workspace(plan.block, num_valid, hidden.device, acc)
+        bounds = chunk_bounds(num_tokens, plan.chunk)
+        for c0, c1 in bounds:
+            z = tile[: c1 - c0]
+            torch.mm(hidden[c0:c1], w.t(), out=z)
+            for dst, src in zip(stats, chunk_stats(z, idx[c0:c1], temperature, bufs)):
                 dst[c0:c1] = src
-            del z
+        del bufs
         logprob, entropy, _, mean_x = combine_stats(*stats, keep, group)
         lse = mean_x + entropy  # E_p[x] + H; recomputed rather than saved twice
         ctx.save_for_backward(hidden, weight, idx, keep, lse, mean_x)
-        ctx.cfg = (group, temperature, chunk, num_valid)
+        ctx.cfg = (group, temperature, plan, num_valid, bounds)
+        # Store instead of recompute for the last chunk: the tile (<= the budget) still holds its
+        # logits (the sweeps above never write it), so backward starts there without its GEMM. One
+        # chunk per call (T <= C) means no recompute at all.
+        ctx.tile = tile if bounds and any(ctx.needs_input_grad[:2]) else None
         return logprob, entropy
 
     @staticmethod
     def backward(ctx, g_lp: torch.Tensor, g_ent: torch.Tensor):
         hidden, weight, idx, keep, lse, mean_x = ctx.saved_tensors
-        group, temperature, chunk, num_valid = ctx.cfg
+        group, temperature, plan, num_valid, bounds = ctx.cfg
+        tile, ctx.tile = ctx.tile, None  # consumed in place: a second backward recomputes
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         g_lp = torch.where(keep, g_lp.to(lse.dtype), 0.0)
         g_ent = g_ent.to(lse.dtype)
         w = weight[:num_valid]
-        num_tokens = hidden.shape[0]
-        d_hidden = torch.zeros_like(hidden) if need_h else None
-        d_w32 = w.new_zeros(w.shape, dtype=lse.dtype) if need_w else None
-        for c0 in range(0, num_tokens if num_valid else 0, chunk):
-            sl = slice(c0, min(c0 + chunk, num_tokens))
-            h = hidden[sl]
-            dz = chunk_grad(h @ w.t(), idx[sl], lse[sl], mean_x[sl], g_lp[sl], g_ent[sl], None,
-                            temperature).to(hidden.dtype)
+        num_tokens = hidden.shape[0] if num_valid else 0
+        d_hidden = (torch.empty_like(hidden) if num_tokens else torch.zeros_like(hidden)
+                    ) if need_h else None
+        d_weight = torch.zeros_like(weight) if need_w else None
+        # fp32 accumulation across chunks: into the gradient itself for fp32/fp64 weights, into a
+        # separate fp32 buffer for bf16 (bf16 sums chunk by chunk would lose bits).
+        d_w = None
+        if need_w:
+            d_w = d_weight[:num_valid] if weight.dtype == lse.dtype else w.new_zeros(
+                w.shape, dtype=lse.dtype)
+        kept = tile is not None
+        if not kept and num_tokens:
+            tile = hidden.new_empty(min(plan.chunk, num_tokens), num_valid)
+        bufs = workspace(plan.block, num_valid, hidden.device, lse.dtype) if num_tokens else None
+        for k, (c0, c1) in enumerate(reversed(bounds) if num_tokens else ()):
+            sl = slice(c0, c1)
+            h, dz = hidden[sl], tile[: c1 - c0]
+            if k or not kept:  # recompute z = h W^T (the forward's tile holds only the last chunk)
+                torch.mm(h, w.t(), out=dz)
+            chunk_grad(dz, idx[sl], lse[sl], mean_x[sl], g_lp[sl], g_ent[sl], None, temperature,
+                       out=dz, bufs=bufs)
             if need_h:
                 torch.mm(dz, w, out=d_hidden[sl])
             if need_w:
-                if dz.dtype == d_w32.dtype:
-                    d_w32.addmm_(dz.t(), h)
+                if dz.dtype == d_w.dtype:
+                    d_w.addmm_(dz.t(), h)
                 else:
-                    d_w32.add_(dz.t() @ h)
+                    d_w.add_(dz.t() @ h)
+        del tile, bufs
         if need_h and group is not None:
             comm.all_reduce(d_hidden, op=comm.ReduceOp.SUM, group=group)
-        d_weight = None
-        if need_w:
-            d_weight = torch.zeros_like(weight)
-            d_weight[:num_valid] = d_w32
+        if need_w and d_w.data_ptr() != d_weight.data_ptr():
+            d_weight[:num_valid] = d_w
         return d_hidden, d_weight, None, None, None, None, None, None, None
 
 
@@ -106,6 +129,7 @@ def vocab_parallel_logprobs_from_hidden(
     *,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    chunk_bytes: int | None = None,
     vocab_size: int | None = None,
     ignore_index: int = -100,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,7 +142,10 @@ def vocab_parallel_logprobs_from_hidden(
         labels: [T] integer global vocabulary ids, identical on every rank.
         group: tensor-parallel group the vocabulary is split over; None = single rank.
         temperature: τ > 0.
-        chunk_size: tokens per chunk; None picks ``2**26 // (V/tp)``.
+        chunk_size: tokens per chunk; overrides ``chunk_bytes`` (tests, benchmarks).
+        chunk_bytes: workspace budget in bytes: the ``[C, V/tp]`` logits tile plus two fp32
+            row-block temporaries (:func:`~megatron_maspo.parallel.logprobs_budget.plan_chunks`);
+            None = the device default (256 MiB on GPU, 64 MiB on CPU).
         vocab_size: true vocabulary size (rows ``>= vocab_size`` are padding); None = no padding.
         ignore_index: labels equal to it give log-prob 0 (entropy stays valid).
 
@@ -139,6 +166,7 @@ def vocab_parallel_logprobs_from_hidden(
     num_tokens, vocab_local = hidden.shape[0], weight.shape[0]
     _, start, num_valid = check_inputs(labels, num_tokens, vocab_local, group, temperature,
                                        vocab_size, ignore_index)
-    chunk = resolve_chunk(chunk_size, num_tokens, vocab_local)
+    plan = plan_chunks(num_tokens, num_valid, hidden.element_size(), hidden.device, tile=True,
+                       budget_bytes=chunk_bytes, chunk_size=chunk_size)
     return _VocabParallelLogprobsFromHidden.apply(hidden, weight, labels, group, float(temperature),
-                                                  chunk, start, num_valid, ignore_index)
+                                                  plan, start, num_valid, ignore_index)

@@ -57,7 +57,7 @@ def paper_config(*, name: str, source: str, arch: str, alpha: float, nodes: int,
         data=DataConfig(source=DAPO_MATH, format="dapo", max_prompt_tokens=MAX_PROMPT_TOKENS),
         train=TrainConfig(steps=300, prompts_per_step=512, mini_batches_per_step=16,
                           max_tokens_per_micro_batch=16384,
-                          logprob_chunk_size=4096, deterministic=False, seed=1234),
+                          deterministic=False, seed=1234),
         checkpoint=CheckpointConfig(run_dir=f"runs/{name}", save_every=10, keep_last=2),
     )
 

@@ -57,10 +57,25 @@ def is_sender(sender_rank: int = 0) -> bool:
     return not dist.is_initialized() or dist.get_rank() == sender_rank
 
 
+def joins_export(groups: ParallelGroups, sender_rank: int = 0) -> bool:
+    """Whether this rank must iterate the export for ``sender_rank``'s engine.
+
+    The export's collectives run over the TP, PP and EP groups. Without expert parallelism they
+    stay inside one model-parallel (TP x PP) replica, so only the sender's replica has to gather:
+    the other data-parallel replicas hold identical weights and would only repeat the gathers for
+    nobody. With EP > 1 the expert gather spans data-parallel ranks, so every rank joins.
+    """
+    if not dist.is_initialized() or groups.ep > 1 or groups.dp == 1:
+        return True
+    return sender_rank in dist.get_process_group_ranks(groups.mp_group)
+
+
 def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: ParallelGroups, engine: Engine | None,
                  *, bucket_bytes: int, dtype: torch.dtype | None = None, verify_checksums: bool = True,
                  sender_rank: int = 0) -> SyncStats:
-    """Push the current Megatron weights into ``engine``; collective over all model ranks.
+    """Push the current Megatron weights into ``engine``; collective over the sender's replica.
+
+    Every rank calls it; ranks of other data-parallel replicas return at once (:func:`joins_export`).
 
     Args:
         chunks: this rank's ``GPTModel`` chunks.
@@ -81,6 +96,8 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
             the export's collectives; callers abort the job (it is not recoverable mid-sync anyway).
     """
     stats = SyncStats()
+    if not joins_export(groups, sender_rank):  # another DP replica exports for the sender
+        return stats
     stream = export_hf_weights(chunks, spec, groups, dtype=dtype)
     if not is_sender(sender_rank):
         for _ in stream:  # lockstep: our collectives feed the sender's gathers and broadcasts

@@ -24,14 +24,13 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
 
 import torch
 
 from megatron_maspo.config import MaspoConfig
 from megatron_maspo.loss.metrics import finalize_metrics, reduce_metrics
 from megatron_maspo.loss.policy import compute_policy_loss
-from megatron_maspo.model.provider import ModelBuildOptions, attention_options, build_model_chunks
+from megatron_maspo.model.provider import build_model_chunks
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
@@ -44,7 +43,8 @@ from megatron_maspo.train.forward import (
     make_forward_step,
     unwrap,
 )
-from megatron_maspo.train.optimizer import build_optimizer, grads_finite
+from megatron_maspo.train.inference import actor_build_options
+from megatron_maspo.train.optimizer import build_optimizer, grads_finite, overlap_options
 from megatron_maspo.train.packing import (
     MiniBatchPlan,
     PackedMicroBatch,
@@ -53,6 +53,7 @@ from megatron_maspo.train.packing import (
     cu_seqlens,
     plan_mini_batch,
     split_mini_batches,
+    token_inputs,
     trim_lengths,
 )
 from megatron_maspo.train.samples import Sample
@@ -82,10 +83,7 @@ class MegatronActor:
                              f"match cfg.parallel (tp={p.tp}, pp={p.pp}, ep={p.ep})")
         self.cfg, self.spec, self.groups = cfg, spec, groups
         self.device = default_device()
-        self.opts = ModelBuildOptions(
-            tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, bf16=cfg.model.bf16, recompute=cfg.model.recompute,
-            make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
-            calculate_per_token_loss=True, **attention_options(cfg.model.attention_backend, p.tp))
+        self.opts = actor_build_options(cfg)  # shared with the inference-only policy
         chunks = build_model_chunks(spec, self.opts, pp_rank=groups.pp_rank)
         for c in chunks:
             # packed rows differ in length: PP stages exchange shapes first
@@ -101,8 +99,9 @@ class MegatronActor:
                 ref.load_state_dict(c.state_dict())
                 ref.eval().requires_grad_(False)
         total = cfg.train.steps * cfg.train.mini_batches_per_step
+        self.overlap = overlap_options(p, cuda=self.device.type == "cuda")
         bundle = build_optimizer(chunks, cfg.optim, total_steps=total, bf16=cfg.model.bf16,
-                                 distributed_optimizer=p.distributed_optimizer)
+                                 distributed_optimizer=p.distributed_optimizer, **self.overlap)
         self.chunks, self.optimizer, self.scheduler = bundle.chunks, bundle.optimizer, bundle.scheduler
         # Megatron's allgather MoE dispatcher (CPU at EP > 1) needs equal row lengths over the EP group
         self._equal_rows = p.ep > 1 and getattr(
@@ -130,25 +129,8 @@ class MegatronActor:
 
     def _inputs(self, samples: Sequence[Sample], mb: PackedMicroBatch) -> MicroBatchInputs:
         dev = self.device
-
-        def per_token(get: Callable[[Sample, int], Any]) -> torch.Tensor | None:
-            parts = []
-            for i, n in zip(mb.sample_index, mb.resp_lens):
-                v = get(samples[i], n)
-                if v is None:
-                    return None
-                parts.append(torch.as_tensor(v, dtype=torch.float32).reshape(-1)[:n])
-            if not parts:  # filler row: one masked token
-                return torch.zeros(1)
-            return torch.cat(parts)
-
-        adv = per_token(lambda s, n: torch.full((n,), float(s.advantage)))
-        pid = torch.tensor([samples[i].prompt_index for i in mb.seq_ids.tolist()] if mb.sample_index
-                           else [0], dtype=torch.long)
-        opt = {k: (None if t is None else t.to(dev)) for k, t in {
-            "old_logprobs": per_token(lambda s, n: s.old_logprobs),
-            "ref_logprobs": per_token(lambda s, n: s.ref_logprobs),
-            "rollout_logprobs": per_token(lambda s, n: s.rollout_logprobs)}.items()}
+        per_token = {k: (None if t is None else t.to(dev))
+                     for k, t in token_inputs(samples, mb).items()}
         from megatron_maspo.model.packed_attention import build_packed_seq_params  # megatron: lazy
 
         dense = self.opts.attention_backend == "dense_mask"
@@ -158,7 +140,7 @@ class MegatronActor:
             packed_seq_params=None if dense else build_packed_seq_params(cu_seqlens(mb.seq_lens), dev),
             resp_index=mb.resp_index.to(dev),
             labels=mb.labels.to(dev), loss_mask=mb.loss_mask.to(dev), seq_ids=mb.seq_ids.to(dev),
-            prompt_ids=pid.to(dev), advantages=adv.to(dev), num_tokens=mb.num_tokens, **opt)
+            num_tokens=mb.num_tokens, **per_token)
 
     # ------------------------------------------------------------------ schedule
     def _run(self, chunks: list, inputs: list[MicroBatchInputs], ctx: StepContext,
@@ -176,7 +158,7 @@ class MegatronActor:
     def _context(self) -> StepContext:
         return StepContext(tp_group=self.groups.tp_group, vocab_size=self.spec.vocab_size,
                            temperature=self.cfg.rollout.temperature,
-                           chunk_size=self.cfg.train.logprob_chunk_size,
+                           chunk_bytes=self.cfg.train.logprob_chunk_bytes,
                            sequence_parallel=self.opts.sequence_parallel)
 
     def _logprobs_local(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *,
@@ -389,6 +371,11 @@ class MegatronActor:
             out[f"actor/loss_mb{k}"] = metrics.get("actor/loss", float("nan"))
             for key, v in metrics.items():
                 sums[key] = sums.get(key, 0.0) + v
+        if self.overlap["overlap_param_gather"]:
+            # the last step's all-gather would wait for the next forward: finish it now, so weight
+            # sync and checkpoints read updated parameters (earlier mini-batches keep the overlap)
+            for c in self.chunks:
+                c.start_param_sync(force_sync=True)
         n = max(len(plans), 1)
         out.update({k: v / n for k, v in sums.items() if k != "actor/step_skipped"})
         out["actor/steps_skipped"] = float(skipped)

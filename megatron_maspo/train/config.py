@@ -66,8 +66,10 @@ class TrainConfig:
     """Deterministic algorithms and seeded sampling (CPU: a resumed run reproduces metrics exactly)."""
     check_first_ratio: bool = False
     """Assert |rho - 1| <= 1e-6 on the first mini-batch of every step (batch-invariance check)."""
-    logprob_chunk_size: int = 1024
-    """Tokens per chunk in the fused log-prob/entropy kernel."""
+    logprob_chunk_bytes: int | None = None
+    """Workspace budget in bytes of the fused log-prob/entropy kernel: one ``[C, V/tp]`` logits
+    tile plus two fp32 row-block temporaries; the chunk length C follows from it (so memory does not
+    grow with V or T). None = 256 MiB on GPU, 64 MiB on CPU (docs/logprobs.md)."""
     reference_model: bool = False
     """Keep a frozen reference model for a KL term (only needed when loss.kl_coef > 0)."""
     offload_params: bool = False
@@ -80,12 +82,15 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "mini_batches_per_step", "max_tokens_per_micro_batch",
-                     "max_sampling_rounds", "logprob_chunk_size"):
+                     "max_sampling_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.prompts_per_step % self.mini_batches_per_step:
             raise ValueError(f"train.prompts_per_step={self.prompts_per_step} must be divisible by "
                              f"train.mini_batches_per_step={self.mini_batches_per_step}")
+        if self.logprob_chunk_bytes is not None and self.logprob_chunk_bytes < 1:
+            raise ValueError(f"train.logprob_chunk_bytes must be >= 1 or None, got "
+                             f"{self.logprob_chunk_bytes}")
         if self.sft_steps < 0 or self.overlong_buffer < 0:
             raise ValueError("train.sft_steps and train.overlong_buffer must be >= 0")
 

@@ -110,7 +110,7 @@ class StepContext:
         tp_group: tensor-parallel group the vocabulary is split over.
         vocab_size: true (unpadded) vocabulary size.
         temperature: rollout temperature τ (log-probs of ``softmax(z / τ)``).
-        chunk_size: tokens per chunk in the fused log-prob kernel.
+        chunk_bytes: workspace budget of the fused log-prob kernel (None = device default).
         loss_fn: ``(mb, logprobs, entropy) -> (numerator / N_glob, metrics)``; None = forward only.
         num_tokens_global: N_glob of the mini-batch (loss mode).
         logprobs: collected detached ``[T]`` log-probs, one per micro-batch, in order.
@@ -124,7 +124,7 @@ class StepContext:
     tp_group: Any
     vocab_size: int
     temperature: float
-    chunk_size: int | None
+    chunk_bytes: int | None
     loss_fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None
     num_tokens_global: int = 0
     logprobs: list[torch.Tensor] = field(default_factory=list)
@@ -164,7 +164,7 @@ def make_forward_step(ctx: StepContext) -> Callable:
             hidden = out[0].index_select(0, mb.resp_index)  # [T, H], replicated over TP
         lp, ent = vocab_parallel_logprobs_from_hidden(
             hidden, output_weight(model), mb.labels, ctx.tp_group, temperature=ctx.temperature,
-            chunk_size=ctx.chunk_size, vocab_size=ctx.vocab_size)
+            chunk_bytes=ctx.chunk_bytes, vocab_size=ctx.vocab_size)
         return torch.stack([lp, ent]), (lambda o: loss_func(mb, o))
 
     return forward_step

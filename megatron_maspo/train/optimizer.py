@@ -35,7 +35,37 @@ class OptimizerBundle:
     """Megatron ``OptimizerParamScheduler`` (one ``step`` per successful optimizer step)."""
 
 
-def wrap_ddp(chunks: list, *, distributed_optimizer: bool) -> list:
+def overlap_options(parallel: Any, *, cuda: bool) -> dict[str, bool]:
+    """Resolve ``parallel.overlap_grad_reduce`` / ``overlap_param_gather`` (None = automatic).
+
+    Automatic: gradient-reduce overlap on GPU whenever there is data parallelism to overlap
+    (``dp > 1``); parameter-gather overlap additionally needs the distributed optimizer (it is the
+    all-gather of the updated shards). An explicit True that Megatron cannot honour raises.
+
+    Args:
+        parallel: a ``ParallelConfig`` (``dp``, ``distributed_optimizer`` and the two fields).
+        cuda: training runs on GPUs.
+
+    Returns:
+        ``{"overlap_grad_reduce": bool, "overlap_param_gather": bool}`` for :func:`build_optimizer`.
+
+    Raises:
+        ValueError: ``overlap_param_gather=True`` without the distributed optimizer or without
+            gradient-reduce overlap.
+    """
+    auto = cuda and parallel.dp > 1
+    grad = auto if parallel.overlap_grad_reduce is None else parallel.overlap_grad_reduce
+    param = parallel.overlap_param_gather
+    if param is None:
+        param = auto and grad and parallel.distributed_optimizer
+    elif param and not (parallel.distributed_optimizer and grad):
+        raise ValueError("parallel.overlap_param_gather=True needs parallel.distributed_optimizer=True "
+                         "and gradient-reduce overlap (parallel.overlap_grad_reduce not False)")
+    return {"overlap_grad_reduce": bool(grad), "overlap_param_gather": bool(param)}
+
+
+def wrap_ddp(chunks: list, *, distributed_optimizer: bool, overlap_grad_reduce: bool = False,
+             overlap_param_gather: bool = False) -> list:
     """Wrap GPTModel chunks in Megatron DDP with fp32 grad buffers and summed (not averaged) grads.
 
     Also wires the schedule hooks on the shared ``TransformerConfig``: ``no_sync_func`` (no grad
@@ -49,7 +79,8 @@ def wrap_ddp(chunks: list, *, distributed_optimizer: bool) -> list:
     )
 
     ddp_cfg = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+        grad_reduce_in_fp32=True, overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=overlap_param_gather,
         use_distributed_optimizer=distributed_optimizer, average_in_collective=False)
     wrapped = [DistributedDataParallel(config=c.config, ddp_config=ddp_cfg, module=c,
                                        disable_bucketing=i > 0) for i, c in enumerate(chunks)]
@@ -60,7 +91,8 @@ def wrap_ddp(chunks: list, *, distributed_optimizer: bool) -> list:
 
 
 def build_optimizer(chunks: list, optim: OptimConfig, *, total_steps: int, bf16: bool,
-                    distributed_optimizer: bool) -> OptimizerBundle:
+                    distributed_optimizer: bool, overlap_grad_reduce: bool = False,
+                    overlap_param_gather: bool = False) -> OptimizerBundle:
     """DDP-wrap ``chunks`` and build Megatron's AdamW optimizer and LR scheduler.
 
     Args:
@@ -69,11 +101,14 @@ def build_optimizer(chunks: list, optim: OptimConfig, *, total_steps: int, bf16:
         total_steps: optimizer steps of the whole run (decay horizon).
         bf16: bf16 parameters with fp32 master weights (GPU); fp32 otherwise.
         distributed_optimizer: shard optimizer state over DP (Megatron DistributedOptimizer).
+        overlap_grad_reduce, overlap_param_gather: Megatron DDP overlap (:func:`overlap_options`).
     """
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    wrapped = wrap_ddp(chunks, distributed_optimizer=distributed_optimizer)
+    wrapped = wrap_ddp(chunks, distributed_optimizer=distributed_optimizer,
+                       overlap_grad_reduce=overlap_grad_reduce,
+                       overlap_param_gather=overlap_param_gather)
     ocfg = OptimizerConfig(
         optimizer="adam", lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
         adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,

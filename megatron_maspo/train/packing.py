@@ -199,33 +199,57 @@ def build_micro_batch(samples: Sequence[Sample], index: Sequence[int],
                               resp_index=z.clone(), labels=z.clone(), seq_ids=z.clone(),
                               loss_mask=torch.zeros(1), resp_lens=[])
         return _pad_row(mb, pad_to)
-    toks: list[int] = []
-    pos: list[int] = []
-    ridx: list[int] = []
-    labels: list[int] = []
-    sids: list[int] = []
-    seq_lens = []
-    rl = []
-    for i in index:
-        s = samples[i]
-        n = resp_lens[i]
-        p = len(s.prompt_ids)
-        start = len(toks)
-        toks += s.prompt_ids + s.response_ids[:n]
-        pos += range(p + n)
-        # hidden at position t predicts token t + 1: response token j sits at p + j
-        ridx += range(start + p - 1, start + p - 1 + n)
-        labels += s.response_ids[:n]
-        sids += [i] * n
-        seq_lens.append(p + n)
-        rl.append(n)
-    t = len(labels)
+    sel = list(index)
+    rl = [int(resp_lens[i]) for i in sel]
+    p_lens = torch.tensor([len(samples[i].prompt_ids) for i in sel], dtype=torch.long)
+    n_lens = torch.tensor(rl, dtype=torch.long)
+    seq = p_lens + n_lens
+    # One conversion per sample (the rollout hands lists); everything per token is a tensor op.
+    resp = [torch.as_tensor(samples[i].response_ids[:n], dtype=torch.long) for i, n in zip(sel, rl)]
+    parts = []
+    for i, r in zip(sel, resp):
+        parts += [torch.as_tensor(samples[i].prompt_ids, dtype=torch.long), r]
+    tokens = torch.cat(parts)
+    starts = torch.cumsum(seq, 0) - seq
+    positions = torch.arange(tokens.numel()) - torch.repeat_interleave(starts, seq)
+    # hidden at position t predicts token t + 1: response token j of sequence k sits at
+    # starts_k + P_k + j, so its predictor is starts_k + P_k - 1 + j
+    t = int(n_lens.sum())
+    r_starts = torch.cumsum(n_lens, 0) - n_lens
+    ridx = torch.arange(t) + torch.repeat_interleave(starts + p_lens - 1 - r_starts, n_lens)
     mb = PackedMicroBatch(
-        tokens=torch.tensor(toks, dtype=torch.long), position_ids=torch.tensor(pos, dtype=torch.long),
-        seq_lens=seq_lens, sample_index=list(index), resp_index=torch.tensor(ridx, dtype=torch.long),
-        labels=torch.tensor(labels, dtype=torch.long), seq_ids=torch.tensor(sids, dtype=torch.long),
+        tokens=tokens, position_ids=positions, seq_lens=seq.tolist(), sample_index=sel,
+        resp_index=ridx, labels=torch.cat(resp),
+        seq_ids=torch.repeat_interleave(torch.tensor(sel, dtype=torch.long), n_lens),
         loss_mask=torch.ones(t), resp_lens=rl)
     return _pad_row(mb, pad_to)
+
+
+def token_inputs(samples: Sequence[Sample], mb: PackedMicroBatch) -> dict[str, torch.Tensor | None]:
+    """Per-response-token loss inputs of a micro-batch, built per sample (no per-token Python).
+
+    Returns:
+        ``advantages`` [T] fp32 (the sequence advantage broadcast), ``prompt_ids`` [T] int64, and
+        ``old_logprobs`` / ``ref_logprobs`` / ``rollout_logprobs`` [T] fp32, each None when any
+        packed sample lacks it. A filler row (no sample) gives one zero of each (its token is masked).
+    """
+    if not mb.sample_index:
+        zero = torch.zeros(1)
+        return {"advantages": zero, "prompt_ids": torch.zeros(1, dtype=torch.long),
+                "old_logprobs": zero, "ref_logprobs": zero, "rollout_logprobs": zero}
+    sel = [samples[i] for i in mb.sample_index]
+    n = torch.tensor(mb.resp_lens, dtype=torch.long)
+    out: dict[str, torch.Tensor | None] = {
+        "advantages": torch.repeat_interleave(
+            torch.tensor([float(s.advantage) for s in sel], dtype=torch.float32), n),
+        "prompt_ids": torch.repeat_interleave(
+            torch.tensor([s.prompt_index for s in sel], dtype=torch.long), n)}
+    for name in ("old_logprobs", "ref_logprobs", "rollout_logprobs"):
+        vals = [getattr(s, name) for s in sel]
+        out[name] = None if any(v is None for v in vals) else torch.cat(
+            [torch.as_tensor(v, dtype=torch.float32).reshape(-1)[:k]
+             for v, k in zip(vals, mb.resp_lens)])
+    return out
 
 
 def _pad_row(mb: PackedMicroBatch, pad_to: int) -> PackedMicroBatch:

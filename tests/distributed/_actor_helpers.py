@@ -39,7 +39,7 @@ def make_cfg(world: int, tp: int = 1, pp: int = 1, ep: int = 1, *, budget: int =
         optim=OptimConfig(lr=1e-2, weight_decay=0.0, clip_grad=1.0),
         rollout=RolloutConfig(temperature=0.9),
         train=TrainConfig(steps=4, prompts_per_step=4, mini_batches_per_step=mini_batches,
-                          max_tokens_per_micro_batch=budget, logprob_chunk_size=7, **train_kw))
+                          max_tokens_per_micro_batch=budget, logprob_chunk_bytes=4096, **train_kw))
 
 
 def make_samples(n_prompts: int = 4, group: int = 3, seed: int = 0) -> list[Sample]:

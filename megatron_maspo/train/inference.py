@@ -1,0 +1,70 @@
+"""An inference-only Megatron-Core policy for ``maspo eval``: weights and nothing else.
+
+The training actor wraps its chunks in Megatron DDP (a contiguous fp32 gradient buffer the size of
+the model) and builds the optimizer (fp32 master weights for bf16 plus Adam's two moments): 4 + 12
+bytes per parameter that evaluation never touches. :class:`InferencePolicy` builds the same
+``GPTModel`` chunks (same layout, same parallel groups, so checkpoints load and weight sync
+exports exactly as from the actor), freezes them and stops there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from megatron_maspo.config import MaspoConfig
+from megatron_maspo.model.provider import ModelBuildOptions, attention_options, build_model_chunks
+from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.parallel.groups import ParallelGroups
+
+logger = logging.getLogger(__name__)
+
+
+def actor_build_options(cfg: MaspoConfig) -> ModelBuildOptions:
+    """The model options the actor and the inference policy share (layout, precision, spec)."""
+    p = cfg.parallel
+    return ModelBuildOptions(
+        tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, bf16=cfg.model.bf16, recompute=cfg.model.recompute,
+        make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
+        calculate_per_token_loss=True, **attention_options(cfg.model.attention_backend, p.tp))
+
+
+class InferencePolicy:
+    """Frozen ``GPTModel`` chunks of this rank, in eval mode, without DDP or optimizer.
+
+    Quacks like the actor where evaluation needs it: :meth:`named_modules_unwrapped` (weight sync,
+    checkpoint loading with ``load_optimizer=False``) and ``steps_done``.
+
+    Args:
+        cfg: the run's root config (model precision, parallel layout).
+        spec: the architecture.
+        groups: this rank's parallel groups (``init_parallel`` already ran with cfg.parallel sizes).
+        init_weights: optional ``init_weights(chunks)`` (e.g. HF weights) before a checkpoint load.
+    """
+
+    def __init__(self, cfg: MaspoConfig, spec: ArchSpec, groups: ParallelGroups, *,
+                 init_weights: Callable[[list], None] | None = None) -> None:
+        p = cfg.parallel
+        if (groups.tp, groups.pp, groups.ep) != (p.tp, p.pp, p.ep):
+            raise ValueError(f"parallel groups (tp={groups.tp}, pp={groups.pp}, ep={groups.ep}) do "
+                             f"not match cfg.parallel (tp={p.tp}, pp={p.pp}, ep={p.ep})")
+        self.cfg, self.spec, self.groups = cfg, spec, groups
+        self.chunks = build_model_chunks(spec, actor_build_options(cfg), pp_rank=groups.pp_rank)
+        if init_weights is not None:
+            init_weights(self.chunks)
+        for c in self.chunks:
+            c.requires_grad_(False)
+            c.eval()
+        self.optimizer = None
+        self.steps_done = 0
+
+    def named_modules_unwrapped(self) -> list[torch.nn.Module]:
+        """The ``GPTModel`` chunks (nothing wraps them)."""
+        return list(self.chunks)
+
+    def num_bytes(self) -> int:
+        """Bytes of this rank's parameters and buffers: all the policy holds."""
+        return sum(t.numel() * t.element_size() for c in self.chunks
+                   for t in [*c.parameters(), *c.buffers()])
