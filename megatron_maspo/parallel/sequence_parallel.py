@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+from megatron_maspo.parallel import comm
 
 
 class _GatherRows(torch.autograd.Function):
@@ -33,8 +34,7 @@ class _GatherRows(torch.autograd.Function):
         width = max(counts + [1])
         block = local.new_zeros(width, local.shape[1])
         block[:counts[rank]] = local.index_select(0, mine)
-        parts = [torch.empty_like(block) for _ in range(tp)]
-        dist.all_gather(parts, block, group=group)
+        parts = comm.all_gather(block, group=group)
         out = torch.empty(rows.numel(), local.shape[1], dtype=local.dtype, device=local.device)
         out[order] = torch.cat([p[:c] for p, c in zip(parts, counts)])
         ctx.save_for_backward(order, mine)

@@ -24,6 +24,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 import torch
 
