@@ -82,12 +82,15 @@ def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict
     tmp, final = root / f".tmp_step_{step}", root / f"step_{step}"
     if dist.get_rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "rng").mkdir(parents=True)
+        # Empty: dist_checkpointing.save warns "Overwriting old incomplete / corrupted checkpoint"
+        # whenever the target folder has any entry, so rng/ is made only after the shards are written.
+        tmp.mkdir(parents=True)
     dist.barrier()
     state = _sharded_state(actor, is_loading=False, with_optimizer=True)
     state.update(scheduler=actor.scheduler.state_dict(), data_state=dict(data_state or {}),
                  steps_done=actor.steps_done, world_size=dist.get_world_size())
     dist_checkpointing.save(state, str(tmp))
+    (tmp / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), tmp / "rng" / f"rank{dist.get_rank()}.pt")
     dist.barrier()
     if dist.get_rank() == 0:

@@ -68,7 +68,7 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     c = _run("--resume", str(part), sets=["train.steps=4"])
     assert c.returncode == 0, c.stderr[-3000:]
     ra, rc = _metrics(full), _metrics(part)
-    assert [r["step"] for r in rc] == [0, 1, 2, 3]
+    assert [r["step"] for r in rc] == [1, 2, 3, 4]  # steps count from 1, like checkpoints/step_k
     assert [_comparable(r) for r in ra] == [_comparable(r) for r in rc]
     assert (part / "checkpoints" / "step_4").is_dir()
     # maspo eval: Avg@k / Pass@k of the trained checkpoint through the engine, as a table and JSON.
@@ -120,4 +120,4 @@ def test_sigterm_checkpoints_and_sigkill_loses_only_recent_steps(tmp_path):
     out = _run("--resume", str(run_dir), sets=[f"train.steps={last + 1}"])
     assert out.returncode == 0, out.stderr[-3000:]
     steps = [r["step"] for r in _metrics(run_dir)]
-    assert steps == list(range(last + 1)), steps
+    assert steps == list(range(1, last + 2)), steps
