@@ -15,7 +15,7 @@ import pytest
 # A smaller-than-tiny run: one layer, 4 prompts x 4 responses, 6 new tokens.
 MICRO = ["model.tiny_num_layers=1", "model.tiny_hidden_size=32", "train.prompts_per_step=4",
          "rollout.group_size=4", "rollout.max_new_tokens=6", "train.sft_steps=2", "data.num_examples=32",
-         "logging.tensorboard=false", "logging.plots=false", "logging.progress=false",
+         "logging.tensorboard=false", "logging.plots=false",
          "reward.num_workers=1", "train.max_tokens_per_micro_batch=256"]
 
 
@@ -63,6 +63,14 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     a = _run(sets=[*MICRO, "train.steps=4", "checkpoint.save_every=2", f"checkpoint.run_dir={full}"])
     assert a.returncode == 0, a.stderr[-3000:]
+    # A quiet console when not a terminal: one plain line per step (numbered like metrics and
+    # checkpoints), no bars, and none of Megatron's start-up warnings, bucket listings or the
+    # dist-checkpoint "overwriting" warning on each save.
+    assert [ln.split("|")[0].strip() for ln in a.stdout.splitlines() if ln.startswith("step")] == [
+        f"step    {k}/4" for k in (1, 2, 3, 4)]
+    for noise in ("Apex", "Transformer Engine", "Megatron-FSDP", "Params for bucket", "Overwriting",
+                  "RL steps", "\r"):
+        assert noise not in a.stderr, (noise, a.stderr[-3000:])
     b = _run(sets=[*MICRO, "train.steps=2", "checkpoint.save_every=2", f"checkpoint.run_dir={part}"])
     assert b.returncode == 0, b.stderr[-3000:]
     c = _run("--resume", str(part), sets=["train.steps=4"])

@@ -4,6 +4,7 @@ reaches the caller as the same one-line error."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -67,7 +68,8 @@ def test_good_folder_passes_and_header_matches_the_library(good):
     validate_hf_folder(good, arch_spec_from_hf(good))
     header = read_header(good / "model.safetensors")
     with HFSource(good) as src:
-        assert {k: tuple(v["shape"]) for k, v in header.items()} == {k: src.shape(k) for k in src.keys()}
+        assert {k: tuple(v["shape"]) for k, v in header.items()} == {
+            k: src.shape(k) for k in src.keys()}  # noqa: SIM118 (HFSource, not a dict)
 
 
 def test_truncated_header_and_bad_index(tmp_path, good):
@@ -81,7 +83,7 @@ def test_truncated_header_and_bad_index(tmp_path, good):
     sharded = tmp_path / "sharded"
     shutil.copytree(good, sharded)
     (sharded / "model.safetensors.index.json").write_text(
-        '{"weight_map": {"%s": "model-00002.safetensors"}}' % K_PROJ)
+        json.dumps({"weight_map": {K_PROJ: "model-00002.safetensors"}}))
     with pytest.raises(InputError, match=rf"model-00002.safetensors: missing; .* maps tensor '{K_PROJ}'"):
         validate_hf_folder(sharded, arch_spec_from_hf(good))
 
