@@ -27,7 +27,7 @@ def grade_groups(reward_fn: Any, tokenizer: Any, idx: list[int], prompts: list[l
     texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for cs in comps_P_G for c in cs]
     golds = [answers[p] for p, cs in enumerate(comps_P_G) for _ in cs]
     # Only rewards that take the hook get it (a user's RewardFn needs just (responses, ground_truths)).
-    takes_hook = progress is not None and "progress" in inspect.signature(reward_fn).parameters
+    takes_hook = progress is not None and _takes_progress(reward_fn)
     out = reward_fn(texts, golds, progress=progress) if takes_hook else reward_fn(texts, golds)
     groups, k = [], 0
     for p, cs in enumerate(comps_P_G):
@@ -37,3 +37,10 @@ def grade_groups(reward_fn: Any, tokenizer: Any, idx: list[int], prompts: list[l
                                   correct_G=[s is GradeStatus.CORRECT for s in out.statuses[k:k + n]]))
         k += n
     return groups
+
+
+def _takes_progress(fn: Any) -> bool:
+    try:
+        return "progress" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # callables without an introspectable signature
+        return False

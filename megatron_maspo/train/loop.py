@@ -245,7 +245,7 @@ class Trainer:
         self.progress = Progress(total=tc.steps, initial=self.step,
                                  enabled=self.rank == 0 and cfg.logging.progress)
         try:
-            self.progress.__enter__()
+            self.progress.open()
             if not self.sft_done and tc.sft_steps > 0:
                 sft_warm_start(self.actor, self.examples, self.tokenizer, cfg, rank=self.rank,
                                progress=self.progress)
@@ -268,7 +268,7 @@ class Trainer:
                                    self.step, self.run_dir)
                     break
         finally:
-            self.progress.__exit__(None, None, None)
+            self.progress.close()
             sink.close()
             stop.restore()
             if self.reward_fn is not None:

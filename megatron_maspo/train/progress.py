@@ -57,12 +57,16 @@ class Progress(contextlib.AbstractContextManager):
         self._redirect: contextlib.ExitStack | None = None
         self._total, self._initial = total, initial
 
-    def __enter__(self) -> Progress:
-        if self.active:
+    def open(self) -> None:
+        """Route console log records through ``tqdm.write`` (until :meth:`close`)."""
+        if self.active and self._redirect is None:
             from tqdm.contrib.logging import logging_redirect_tqdm
 
             self._redirect = contextlib.ExitStack()
             self._redirect.enter_context(logging_redirect_tqdm())
+
+    def __enter__(self) -> Progress:
+        self.open()
         return self
 
     def begin_steps(self) -> None:
@@ -76,6 +80,10 @@ class Progress(contextlib.AbstractContextManager):
                                         "{rate_fmt}]")
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Leave the step bar on screen, restore the log handlers; safe to call twice."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
