@@ -2,8 +2,9 @@
 
 Without Transformer Engine and Apex (every CPU run, and GPU runs that skip them) Megatron-Core warns
 once per importing module that it falls back to torch implementations (~15 lines before step 1),
-its DDP logs the parameter list of every gradient bucket, and its optimizer and DDP dump their whole
-config at INFO. None of that needs action from the user. Only these sources are filtered: any other
+its DDP logs the parameter list of every gradient bucket, its optimizer and DDP dump their whole
+config at INFO, and each checkpoint load repeats two torch deprecation FutureWarnings. None of that
+needs action from the user. Only these sources are filtered: any other
 warning, and every WARNING-or-worse log record (Megatron's included), still reaches the console.
 
 Spawned processes (conversion ranks, grader workers) inherit the warning filters through
@@ -24,6 +25,10 @@ WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     # TransformerConfig's own default cuda_graph_scope="full" warns on every construction; the value
     # is only read when CUDA graphs are enabled, which no recipe does.
     (UserWarning, "full scope is deprecated"),
+    # torch deprecations that Megatron's dist-checkpoint loader triggers on every load (resume, eval,
+    # conversion); nothing a user of this package can change.
+    (FutureWarning, "`load_state_dict` is deprecated"),
+    (FutureWarning, "Please use DTensor instead and we are deprecating ShardedTensor"),
 )
 """Warnings ignored by message prefix (exact, case-sensitive start of the message)."""
 
