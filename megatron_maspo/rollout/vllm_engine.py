@@ -261,8 +261,13 @@ class VllmEngine:
 
 
 def _hooked_tqdm(progress: Callable[[int], None]) -> Callable[..., Any]:
-    """A tqdm factory for ``LLM.generate(use_tqdm=...)`` that draws nothing and forwards each
-    ``update(k)`` (k sequences of a finished request) to ``progress``: our bar, not vLLM's."""
+    """A tqdm factory for ``LLM.generate(use_tqdm=...)`` that draws nothing and forwards the finished
+    sequences to ``progress``: our bar, not vLLM's.
+
+    vLLM calls the factory twice: over the prompts while rendering them (an iterable; its updates
+    count prompts, not results: not forwarded), then with ``total=`` requests while the engine runs,
+    updating by ``len(outputs)`` (the sequences of each finished request).
+    """
     import io
 
     from tqdm import tqdm
@@ -274,6 +279,7 @@ def _hooked_tqdm(progress: Callable[[int], None]) -> Callable[..., Any]:
 
     def make(*args: Any, **kwargs: Any) -> tqdm:
         kwargs["file"] = io.StringIO()
-        return _Hooked(*args, **kwargs)
+        iterating = bool(args) or kwargs.get("iterable") is not None
+        return tqdm(*args, **kwargs) if iterating else _Hooked(*args, **kwargs)
 
     return make
