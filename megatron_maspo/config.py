@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron_maspo.data.config import DataConfig
+from megatron_maspo.errors import ConfigError, MissingPathError
 from megatron_maspo.loss.config import LossConfig
 from megatron_maspo.model.config import ModelConfig
 from megatron_maspo.overrides import apply_overrides, from_dict, to_dict
@@ -64,7 +65,7 @@ def load_config(path: str | Path) -> MaspoConfig:
     """Load a config written by :func:`save_config` (a file, or a run directory holding config.yaml).
 
     Raises:
-        FileNotFoundError: no such file.
+        MissingPathError: no such file (a ``FileNotFoundError``).
         ValueError: unknown keys or invalid values, naming the key.
     """
     import yaml
@@ -73,7 +74,7 @@ def load_config(path: str | Path) -> MaspoConfig:
     if p.is_dir():
         p = p / "config.yaml"
     if not p.is_file():
-        raise FileNotFoundError(f"config file not found: {p}")
+        raise MissingPathError(f"config file not found: {p}")
     data = yaml.safe_load(p.read_text()) or {}
     return from_dict(MaspoConfig, data)
 
@@ -92,7 +93,7 @@ def load_recipe(name: str) -> MaspoConfig:
     """Resolve a recipe: a packaged name (``tiny``), ``path/to/file.py[:fn]`` or ``pkg.module[:fn]``.
 
     Raises:
-        ValueError: unknown recipe (lists the available ones) or a function that returns no MaspoConfig.
+        ConfigError: unknown recipe (lists the available ones) or a function that returns no MaspoConfig.
     """
     target, _, fn_name = name.partition(":")
     fn_name = fn_name or "config"
@@ -100,7 +101,7 @@ def load_recipe(name: str) -> MaspoConfig:
     path = Path(target)
     if path.suffix == ".py":
         if not path.is_file():
-            raise ValueError(f"recipe file not found: {path}")
+            raise ConfigError(f"recipe file not found: {path}")
         # Like running the file as a script: its folder is importable, so a user's recipes can share a
         # local base module with a plain ``from my_base import ...``.
         folder = str(path.resolve().parent)
@@ -116,22 +117,35 @@ def load_recipe(name: str) -> MaspoConfig:
         try:
             module = importlib.import_module(target)
         except ImportError:
-            raise ValueError(f"unknown recipe {name!r}; available: {list_recipes()} "
+            raise ConfigError(f"unknown recipe {name!r}; available: {list_recipes()} "
                              "(or pass path/to/recipe.py[:fn] or package.module[:fn])") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
-        raise ValueError(f"recipe {name!r} has no function {fn_name!r}")
+        raise ConfigError(f"recipe {name!r} has no function {fn_name!r}")
     cfg = fn()
     if not isinstance(cfg, MaspoConfig):
-        raise ValueError(f"recipe {name!r}:{fn_name} returned {type(cfg).__name__}, not MaspoConfig")
+        raise ConfigError(f"recipe {name!r}:{fn_name} returned {type(cfg).__name__}, not MaspoConfig")
     return cfg
 
 
 def resolve_config(recipe: str | None, config_path: str | None, overrides: list[str]) -> MaspoConfig:
-    """The config a command runs with: a recipe or a saved config, then ``--set`` overrides."""
+    """The config a command runs with: a recipe or a saved config, then ``--set`` overrides.
+
+    Raises:
+        ConfigError: any invalid recipe, saved config, override or cross-section combination (every
+            ``ValueError`` of loading and validation is re-raised as one, message unchanged).
+        MissingPathError: ``config_path`` does not exist.
+    """
     if recipe and config_path:
-        raise ValueError("pass either --recipe or --config, not both")
-    cfg = load_config(config_path) if config_path else load_recipe(recipe or "tiny")
-    cfg = apply_overrides(cfg, overrides)
-    # Re-run cross-section validation after overrides.
-    return dataclasses.replace(cfg)
+        raise ConfigError("pass either --recipe or --config, not both")
+    try:
+        cfg = load_config(config_path) if config_path else load_recipe(recipe or "tiny")
+        cfg = apply_overrides(cfg, overrides)
+        # Re-run cross-section validation after overrides.
+        return dataclasses.replace(cfg)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        # Validation lives in each section's __post_init__ as plain ValueErrors; here, at the one place
+        # a config is assembled, they become configuration errors (the CLI's one-line message).
+        raise ConfigError(str(e)) from e

@@ -1,7 +1,7 @@
 """``--set a.b=value`` overrides and dict <-> dataclass conversion for the config tree.
 
 Values are coerced against the dataclass field's annotation (bool, int, float, str, ``X | None``,
-``Literal``, lists of scalars). An unknown key or a value that does not fit fails with a ``ValueError``
+``Literal``, lists of scalars). An unknown key or a value that does not fit fails with a ``ConfigError``
 naming the key and what it accepts. After an override the touched dataclass is rebuilt so its
 ``__post_init__`` validation runs again.
 """
@@ -12,6 +12,8 @@ import dataclasses
 import types
 import typing
 from typing import Any, Literal, Union, get_args, get_origin
+
+from megatron_maspo.errors import ConfigError
 
 _NONE_WORDS = {"none", "null", "~"}
 _TRUE = {"true", "1", "yes", "on"}
@@ -36,13 +38,13 @@ def _coerce(key: str, text: Any, tp: Any) -> Any:
                 return _coerce(key, text, a)
             except ValueError as e:
                 errors.append(str(e))
-        raise ValueError(f"{key}: cannot read {text!r} as {tp}: {'; '.join(errors)}")
+        raise ConfigError(f"{key}: cannot read {text!r} as {tp}: {'; '.join(errors)}")
     if origin is Literal:
         choices = get_args(tp)
         for c in choices:
             if str(c) == str(text):
                 return c
-        raise ValueError(f"{key}: {text!r} is not one of {list(choices)}")
+        raise ConfigError(f"{key}: {text!r} is not one of {list(choices)}")
     if origin in (list, tuple):
         (inner,) = get_args(tp)[:1] or (str,)
         items = text if isinstance(text, list | tuple) else [t for t in str(text).split(",") if t.strip()]
@@ -51,7 +53,7 @@ def _coerce(key: str, text: Any, tp: Any) -> Any:
     if origin is dict or tp is dict:
         if isinstance(text, dict):
             return text
-        raise ValueError(f"{key}: dict fields cannot be set from the command line")
+        raise ConfigError(f"{key}: dict fields cannot be set from the command line")
     if tp is bool:
         if isinstance(text, bool):
             return text
@@ -60,24 +62,24 @@ def _coerce(key: str, text: Any, tp: Any) -> Any:
             return True
         if s in _FALSE:
             return False
-        raise ValueError(f"{key}: {text!r} is not a boolean; accepted: true/false")
+        raise ConfigError(f"{key}: {text!r} is not a boolean; accepted: true/false")
     if tp is int:
         if isinstance(text, bool):
-            raise ValueError(f"{key}: {text!r} is not an integer")
+            raise ConfigError(f"{key}: {text!r} is not an integer")
         try:
             return int(str(text).replace("_", ""))
         except ValueError:
-            raise ValueError(f"{key}: {text!r} is not an integer") from None
+            raise ConfigError(f"{key}: {text!r} is not an integer") from None
     if tp is float:
         try:
             return float(text)
         except (TypeError, ValueError):
-            raise ValueError(f"{key}: {text!r} is not a number") from None
+            raise ConfigError(f"{key}: {text!r} is not a number") from None
     if tp is str:
         return str(text)
     if tp is Any:
         return text
-    raise ValueError(f"{key}: fields of type {tp} cannot be overridden")
+    raise ConfigError(f"{key}: fields of type {tp} cannot be overridden")
 
 
 def _field_names(obj: Any) -> list[str]:
@@ -88,12 +90,12 @@ def apply_overrides(cfg: Any, assignments: list[str]) -> Any:
     """Return a copy of the dataclass tree ``cfg`` with ``key=value`` assignments applied.
 
     Raises:
-        ValueError: malformed assignment, unknown key (lists the accepted keys at that level), a value of
+        ConfigError: malformed assignment, unknown key (lists the accepted keys at that level), a value of
             the wrong type, or a value the component's validation rejects.
     """
     for a in assignments:
         if "=" not in a:
-            raise ValueError(f"override {a!r} must look like section.field=value")
+            raise ConfigError(f"override {a!r} must look like section.field=value")
         key, value = a.split("=", 1)
         cfg = set_path(cfg, key.strip(), value)
     return cfg
@@ -107,23 +109,23 @@ def set_path(cfg: Any, key: str, value: Any) -> Any:
 
 def _set(obj: Any, parts: list[str], value: Any, full_key: str) -> Any:
     if not dataclasses.is_dataclass(obj):
-        raise ValueError(f"{full_key}: cannot descend into a non-config value")
+        raise ConfigError(f"{full_key}: cannot descend into a non-config value")
     name = parts[0]
     names = _field_names(obj)
     if name not in names:
         where = full_key[: full_key.index(name)] if name in full_key else ""
-        raise ValueError(f"unknown config key {full_key!r}: {where or 'top level'} accepts {names}")
+        raise ConfigError(f"unknown config key {full_key!r}: {where or 'top level'} accepts {names}")
     current = getattr(obj, name)
     if len(parts) == 1:
         if dataclasses.is_dataclass(current):
-            raise ValueError(f"{full_key} is a section; set one of its fields: {_field_names(current)}")
+            raise ConfigError(f"{full_key} is a section; set one of its fields: {_field_names(current)}")
         new_val = _coerce(full_key, value, _hints(type(obj))[name])
     else:
         new_val = _set(current, parts[1:], value, full_key)
     try:
         return dataclasses.replace(obj, **{name: new_val})
     except (ValueError, TypeError) as e:
-        raise ValueError(f"{full_key}={value!r} rejected: {e}") from None
+        raise ConfigError(f"{full_key}={value!r} rejected: {e}") from None
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -142,12 +144,12 @@ def _plain(v: Any) -> Any:
 def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     """Build dataclass ``cls`` from a nested dict, validating keys and types like ``--set`` does."""
     if not isinstance(data, dict):
-        raise ValueError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     unknown = set(data) - set(names)
     if unknown:
-        raise ValueError(f"unknown config key(s) {sorted(prefix + k for k in unknown)}; "
+        raise ConfigError(f"unknown config key(s) {sorted(prefix + k for k in unknown)}; "
                          f"{prefix.rstrip('.') or 'top level'} accepts {names}")
     kwargs = {}
     for k, v in data.items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 logger = logging.getLogger(__name__)
 
@@ -77,17 +78,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry (``python -m megatron_maspo.cli.convert ...``)."""
-    import sys
+    from megatron_maspo.cli.main import main as maspo_main
 
-    parser = argparse.ArgumentParser(prog="maspo")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="[maspo] %(levelname)s %(name)s: %(message)s")
-    try:
-        return run(args)
-    except ValueError as e:
-        print(f"maspo convert: error: {e}", file=sys.stderr)
-        return 2
+    return maspo_main(["convert", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from megatron_maspo.errors import ConfigError, MissingPathError
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="Avg@k / Pass@k of a checkpoint", description=__doc__,
@@ -46,7 +48,7 @@ def _datasets(cfg, args, tokenizer) -> dict:
     out = {}
     for f in args.data:
         if not Path(f).exists():
-            raise FileNotFoundError(f"--data {f}: no such file")
+            raise MissingPathError(f"--data {f}: no such file")
         dc = DataConfig(source=f, format="eval", apply_chat_template=cfg.data.apply_chat_template,
                         system_prompt=cfg.data.system_prompt, max_prompt_tokens=cfg.data.max_prompt_tokens)
         out[Path(f).stem] = build_prompt_dataset(dc, tokenizer)[0]
@@ -54,25 +56,29 @@ def _datasets(cfg, args, tokenizer) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from megatron_maspo.config import load_config
-    from megatron_maspo.overrides import apply_overrides
+    from megatron_maspo.config import resolve_config
+    from megatron_maspo.train.checkpoint import list_checkpoints
+    from megatron_maspo.train.loop import CHECKPOINT_SUBDIR
 
-    cfg = apply_overrides(load_config(args.run_dir), args.overrides)
+    cfg = resolve_config(None, args.run_dir, args.overrides)
     if args.k < 1:
-        raise ValueError(f"--k must be >= 1, got {args.k}")
+        raise ConfigError(f"--k must be >= 1, got {args.k}")
     for f in args.data:
         if not Path(f).exists():
-            raise FileNotFoundError(f"--data {f}: no such file")
+            raise MissingPathError(f"--data {f}: no such file")
+    ckpts = list_checkpoints(Path(args.run_dir) / CHECKPOINT_SUBDIR)
+    ckpt = args.checkpoint or (ckpts[-1] if ckpts else None)
+    if ckpt is None or not Path(ckpt).is_dir():  # before building anything
+        raise MissingPathError(f"no checkpoint {ckpt or 'under ' + str(Path(args.run_dir) / CHECKPOINT_SUBDIR)}")
 
     from megatron_maspo.parallel.groups import destroy_parallel, init_parallel
     from megatron_maspo.reward.math_reward import MathReward
     from megatron_maspo.rollout.types import SamplingParams
     from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
-    from megatron_maspo.train.checkpoint import list_checkpoints, load_checkpoint
+    from megatron_maspo.train.checkpoint import load_checkpoint
     from megatron_maspo.train.components import build_engine, build_policy_source
     from megatron_maspo.train.distributed import setup_distributed
     from megatron_maspo.train.inference import InferencePolicy
-    from megatron_maspo.train.loop import CHECKPOINT_SUBDIR
 
     rank, world = setup_distributed()
     cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, world_size=world))
@@ -82,10 +88,6 @@ def run(args: argparse.Namespace) -> int:
         tok, spec, init = build_policy_source(cfg, groups)
         # weights only: no DDP gradient buffer, no optimizer, no fp32 master copy
         actor = InferencePolicy(cfg, spec, groups, init_weights=init)
-        ckpts = list_checkpoints(Path(args.run_dir) / CHECKPOINT_SUBDIR)
-        ckpt = args.checkpoint or (ckpts[-1] if ckpts else None)
-        if ckpt is None:
-            raise FileNotFoundError(f"no checkpoint under {args.run_dir}/{CHECKPOINT_SUBDIR}")
         load_checkpoint(actor, ckpt, load_optimizer=False)
         engine = build_engine(cfg, spec, tok) if rank == 0 else None
         sync_weights(actor.named_modules_unwrapped(), spec, groups, engine,

@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     from megatron_maspo.cli.common import config_from_args
     from megatron_maspo.config import dump_yaml
+    from megatron_maspo.errors import ConfigError
     from megatron_maspo.launch.job import (
         TRAIN_MODULE,
         LaunchOptions,
@@ -71,19 +72,22 @@ def run(args: argparse.Namespace) -> int:
 
     if args.recipe_name:
         if args.recipe:
-            raise ValueError("give the recipe either positionally or with --recipe, not both")
+            raise ConfigError("give the recipe either positionally or with --recipe, not both")
         args.recipe = args.recipe_name
     cuda = _cuda_available()
     gpus = args.gpus_per_node or (8 if args.executor == "slurm" else max(1, _cuda_count()))
     # The launcher owns the world size: set it first so --set parallel.tp=... validates against it.
     args.overrides = [f"parallel.world_size={args.nodes * gpus}", *args.overrides]
     cfg = config_from_args(args)
-    opts = LaunchOptions(executor=args.executor, name=args.name or Path(cfg.checkpoint.run_dir).name,
-                         nodes=args.nodes, gpus_per_node=gpus, job_dir=args.job_dir, account=args.account,
-                         partition=args.partition, time=args.time, container_image=args.container_image,
-                         container_mounts=args.mounts, env=parse_env(args.env),
-                         master_port=args.master_port)
-    cfg = resolve_for_cluster(cfg, opts)
+    try:  # the launch flags, validated by LaunchOptions and the cluster resolution
+        opts = LaunchOptions(executor=args.executor, name=args.name or Path(cfg.checkpoint.run_dir).name,
+                             nodes=args.nodes, gpus_per_node=gpus, job_dir=args.job_dir, account=args.account,
+                             partition=args.partition, time=args.time, container_image=args.container_image,
+                             container_mounts=args.mounts, env=parse_env(args.env),
+                             master_port=args.master_port)
+        cfg = resolve_for_cluster(cfg, opts)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     _warn_if_not_fitting(cfg, opts)
     config_path = write_config(cfg, opts)
     if args.module:
@@ -95,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from megatron_maspo.launch import nemo_run as nr
     except ImportError as e:
-        print(f"maspo launch: {e}", file=sys.stderr)
+        print(f"maspo launch: error: {e}", file=sys.stderr)
         return 2
 
     task = nr.build_task(task_args, module=module)

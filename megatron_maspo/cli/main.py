@@ -10,6 +10,10 @@
 Only subcommands whose module is present are registered: nothing prints "not implemented". Each
 subcommand module exposes ``add_parser(subparsers)`` and ``run(args) -> int`` and imports its heavy
 dependencies inside ``run``.
+
+Errors a user fixes by changing the command (``megatron_maspo.errors.USER_ERRORS``: configuration,
+unusable input files, missing paths) print as one line and exit 2; anything else keeps its traceback.
+Third-party start-up noise stays off the console unless ``--verbose`` (``cli/quiet.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ SUBCOMMANDS = ("train", "eval", "convert", "plan", "launch")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="maspo", description="RL fine-tuning of LLMs on Megatron-Core with MASPO.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging, and third-party warnings / INFO logs left on the console")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         modname = f"megatron_maspo.cli.{name}"
@@ -39,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from megatron_maspo.cli.quiet import configure_console
+    from megatron_maspo.errors import USER_ERRORS
+
+    configure_console(args.verbose)  # before any subcommand imports megatron
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="[maspo] %(levelname)s %(name)s: %(message)s")
     if not args.command:
@@ -49,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with exit_on_error(f"maspo {args.command}"):  # several ranks: an error ends this rank at once
             return int(args.run(args) or 0)
-    except (ValueError, FileNotFoundError) as e:
-        # Configuration and input errors: one clear line, no traceback, before any work starts.
+    except USER_ERRORS as e:
+        # Fixed by changing the command: one clear line, no traceback.
         print(f"maspo {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -37,6 +37,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from megatron_maspo.cli.common import config_from_args
+    from megatron_maspo.errors import ConfigError
     from megatron_maspo.launch.plan import (
         Assumptions,
         apply_layout,
@@ -48,10 +49,10 @@ def run(args: argparse.Namespace) -> int:
     )
 
     if args.nodes < 1 or args.gpus_per_node < 1:
-        raise ValueError(f"--nodes and --gpus-per-node must be >= 1, got {args.nodes}, {args.gpus_per_node}")
+        raise ConfigError(f"--nodes and --gpus-per-node must be >= 1, got {args.nodes}, {args.gpus_per_node}")
     if args.recipe_name:
         if args.recipe:
-            raise ValueError("give the recipe either positionally or with --recipe, not both")
+            raise ConfigError("give the recipe either positionally or with --recipe, not both")
         args.recipe = args.recipe_name
     world = args.nodes * args.gpus_per_node
     user_overrides = list(args.overrides)

@@ -24,26 +24,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.resume and not (args.recipe or args.config):
-        args.config = args.resume
+    from pathlib import Path
+
+    from megatron_maspo.errors import MissingPathError
+
+    if args.resume:
+        if not Path(args.resume).is_dir():
+            raise MissingPathError(f"--resume {args.resume}: no such run directory")
+        if not (args.recipe or args.config):
+            if not (Path(args.resume) / "config.yaml").is_file():
+                raise MissingPathError(f"--resume {args.resume}: no config.yaml in it (not a run directory "
+                                       "written by maspo train?); pass --recipe or --config as well")
+            args.config = args.resume
     cfg = config_from_args(args)
     if args.resume:
         from dataclasses import replace
 
         cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, run_dir=args.resume))
-    # Fail on bad input before any heavy work: data files must exist.
-    from pathlib import Path
-
+    # Fail on bad input before any heavy work: data files must exist, user hooks must import, the run
+    # directory must fit --resume.
     from megatron_maspo.plugins import is_target, resolve
 
     src = cfg.data.source
     if is_target(src) and not Path(src).exists() and not src.startswith("reasoning_gym:"):
         resolve(src, "data.source")  # user hooks: import errors name the field, before any heavy work
     elif src != "synthetic" and not src.startswith("reasoning_gym:") and not Path(src).exists():
-        raise FileNotFoundError(f"data.source={src!r}: no such file")
+        raise MissingPathError(f"data.source={src!r}: no such file")
     if cfg.reward.grader:
         resolve(cfg.reward.grader, "reward.grader")
-    from megatron_maspo.train.loop import train
+    from megatron_maspo.train.loop import check_run_dir, train
+
+    check_run_dir(cfg.checkpoint.run_dir, resume=bool(args.resume))
 
     run_dir = train(cfg, resume=bool(args.resume))
     print(f"run directory: {run_dir}")

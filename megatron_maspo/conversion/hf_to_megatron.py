@@ -9,7 +9,6 @@ touched, so a bad checkpoint fails with the offending tensor's name and leaves t
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +25,8 @@ from megatron_maspo.conversion.plan import (
     unwrap,
 )
 from megatron_maspo.conversion.shard import gated_shard, pad_vocab, qkv_shard, tp_shard
+from megatron_maspo.conversion.validate import safetensors_files
+from megatron_maspo.errors import InputError
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.groups import ParallelGroups
 
@@ -42,23 +43,19 @@ class HFSource(contextlib.AbstractContextManager):
             self._mapping: Mapping[str, torch.Tensor] | None = source
             return
         self._mapping = None
-        folder = Path(source)
-        index = folder / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
-        else:
-            files = sorted(p.name for p in folder.glob("*.safetensors"))
-        if not files:
-            raise ValueError(f"no *.safetensors files in HF folder {folder}")
-        from safetensors import safe_open
+        self._paths: dict[str, Path] = {}
+        from safetensors import SafetensorError, safe_open
 
-        for fname in files:
-            handle = self._stack.enter_context(safe_open(str(folder / fname), framework="pt"))
+        for path in safetensors_files(source)[0]:
+            try:
+                handle = self._stack.enter_context(safe_open(str(path), framework="pt"))
+            except SafetensorError as e:  # the library's message names neither the file nor the folder
+                self._stack.close()
+                raise InputError(f"{path}: unreadable safetensors file ({e})") from None
             for key in handle.keys():  # noqa: SIM118 (safe_open handle, not a dict)
                 if key in self._files:
-                    raise ValueError(f"HF tensor {key!r} appears in two safetensors files")
-                self._files[key] = handle
+                    raise InputError(f"{path}: HF tensor {key!r} is also in {self._paths[key].name}")
+                self._files[key], self._paths[key] = handle, path
 
     def keys(self) -> set[str]:
         return set(self._mapping) if self._mapping is not None else set(self._files)
@@ -71,25 +68,35 @@ class HFSource(contextlib.AbstractContextManager):
     def get(self, name: str) -> torch.Tensor:
         if self._mapping is not None:
             return self._mapping[name]
-        return self._files[name].get_tensor(name)
+        from safetensors import SafetensorError
+
+        try:
+            return self._files[name].get_tensor(name)
+        except SafetensorError as e:
+            raise InputError(f"{self._paths[name]}: cannot read tensor {name!r} ({e})") from None
+
+    def where(self, name: str) -> str:
+        """The file holding ``name`` (``<memory>`` for a mapping), for error messages."""
+        return "<memory>" if self._mapping is not None else str(self._paths.get(name, "?"))
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
 
 
 def check_hf_keys(src: HFSource, spec: ArchSpec) -> None:
-    """Exact key-set and shape check of ``src`` against ``spec``; ``ValueError`` names the tensors."""
+    """Exact key-set and shape check of ``src`` against ``spec``; ``InputError`` names the tensors."""
     expected = hf_state_dict_keys(spec)
     got = src.keys()
     missing = [k for k in expected if k not in got]
     extra = sorted(got - set(expected))
     if missing or extra:
-        raise ValueError(f"HF checkpoint does not match the {spec.family} spec: missing tensors "
+        raise InputError(f"HF checkpoint does not match the {spec.family} spec: missing tensors "
                          f"{missing[:8]}{' ...' if len(missing) > 8 else ''}, unexpected tensors "
                          f"{extra[:8]}{' ...' if len(extra) > 8 else ''}")
     for k in expected:
         if src.shape(k) != (want := hf_shape(k, spec)):
-            raise ValueError(f"HF tensor {k!r} has shape {src.shape(k)}, expected {want} for this spec")
+            raise InputError(f"{src.where(k)}: HF tensor {k!r} has shape {src.shape(k)}, expected {want} "
+                             "for this spec")
 
 
 def _megatron_shard(entry: Entry, hf: list[torch.Tensor], spec: ArchSpec, tp: int, rank: int,

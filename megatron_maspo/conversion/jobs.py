@@ -6,17 +6,26 @@ binds GPU ``LOCAL_RANK`` (on CPU a no-op), and the model is built in the checkpo
 ``config.json`` ``torch_dtype``; the dist checkpoint's tensor metadata) on that device. The worker
 functions are module-level so spawn can pickle them; entry scripts must keep their work under
 ``if __name__ == "__main__":`` (dist-checkpoint save spawns a helper that re-imports ``__main__``).
+
+User mistakes fail before any rank starts, as :mod:`megatron_maspo.errors` types (one line in the
+CLI): an existing output or impossible layout (``ConfigError``), a missing input (``MissingPathError``),
+an unsupported config.json or a bad safetensors folder (``InputError``, via ``validate.py``). An
+``InputError`` a rank still raises reaches the caller as that ``InputError``, not as the ranks'
+tracebacks, and a failed job leaves no output or temporary folder behind.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from megatron_maspo.errors import ConfigError, InputError, MissingPathError
 from megatron_maspo.parallel import comm
 
 logger = logging.getLogger(__name__)
@@ -165,25 +174,67 @@ def run_job(fn, tp: int, pp: int, ep: int, *args: Any, timeout_s: float = 3600) 
         rank, _ = comm.init_default_group()  # binds GPU LOCAL_RANK first
         with exit_on_error(f"conversion rank {rank}"):
             return [fn(rank, world, *args)]
-    from megatron_maspo.parallel.launch import run_workers
+    from megatron_maspo.parallel.launch import WorkerError, run_workers
 
-    return run_workers(fn, world, *args, timeout_s=timeout_s)
+    with tempfile.TemporaryDirectory(prefix="maspo_input_errors_") as err_dir:
+        try:
+            return run_workers(_report_input_errors, world, fn, err_dir, *args, timeout_s=timeout_s)
+        except WorkerError:
+            reports = sorted(Path(err_dir).glob("rank*.txt"))
+            if reports:  # the same bad input fails on every rank that reads it: say it once
+                raise InputError(reports[0].read_text()) from None
+            raise
+
+
+def _report_input_errors(rank: int, world: int, fn, err_dir: str, *args: Any) -> Any:
+    """Run one rank of ``fn``; an ``InputError`` leaves its one-line message for the parent."""
+    try:
+        return fn(rank, world, *args)
+    except InputError as e:
+        Path(err_dir, f"rank{rank}.txt").write_text(str(e))
+        raise
+
+
+def _remove_partial(out: str | Path) -> None:
+    """Temporary folders a failed collective save left next to ``out`` (killed ranks skip cleanup)."""
+    out = Path(out)
+    for tmp in out.parent.glob(f".{out.name}.tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _reject_existing(out: str | Path) -> None:
     if Path(out).exists():
-        raise ValueError(f"output path {out} already exists; refusing to overwrite")
+        raise ConfigError(f"output path {out} already exists; refusing to overwrite")
+
+
+def _checked_layout(spec, tp: int, pp: int, ep: int) -> None:
+    try:
+        spec.validate_layout(tp, pp, ep)
+    except ValueError as e:
+        raise ConfigError(f"--tp {tp} --pp {pp} --ep {ep}: {e}") from None
 
 
 def convert_hf_to_megatron(hf_dir: str | Path, out: str | Path, *, tp: int = 1, pp: int = 1,
                            ep: int = 1, verify: bool = False) -> list[dict]:
     """HF folder -> Megatron distributed checkpoint written at layout ``tp x pp x ep`` (loadable at
     any layout). Validates the architecture and layout before starting any rank."""
+    from megatron_maspo.conversion.validate import validate_hf_folder
     from megatron_maspo.model.hf_config import arch_spec_from_hf
 
     _reject_existing(out)
-    arch_spec_from_hf(hf_dir).validate_layout(tp, pp, ep)
-    return run_job(hf_to_megatron_rank, tp, pp, ep, str(hf_dir), str(out), tp, pp, ep, verify)
+    if not Path(hf_dir).is_dir():
+        raise MissingPathError(f"HF folder {hf_dir} does not exist")
+    try:
+        spec = arch_spec_from_hf(hf_dir)
+    except ValueError as e:
+        raise InputError(f"{Path(hf_dir) / 'config.json'}: {e}") from None
+    _checked_layout(spec, tp, pp, ep)
+    validate_hf_folder(hf_dir, spec)  # headers only: a bad file fails here, before any rank starts
+    try:
+        return run_job(hf_to_megatron_rank, tp, pp, ep, str(hf_dir), str(out), tp, pp, ep, verify)
+    except BaseException:
+        _remove_partial(out)
+        raise
 
 
 def convert_megatron_to_hf(ckpt: str | Path, out: str | Path, *, tp: int = 1, pp: int = 1,
@@ -194,6 +245,16 @@ def convert_megatron_to_hf(ckpt: str | Path, out: str | Path, *, tp: int = 1, pp
 
     _reject_existing(out)
     if dtype not in (None, "float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype={dtype!r}; accepted: None, 'float32', 'bfloat16', 'float16'")
-    load_arch_spec(ckpt).validate_layout(tp, pp, ep)
-    return run_job(megatron_to_hf_rank, tp, pp, ep, str(ckpt), str(out), tp, pp, ep, dtype, verify)
+        raise ConfigError(f"dtype={dtype!r}; accepted: None, 'float32', 'bfloat16', 'float16'")
+    if not Path(ckpt).is_dir():
+        raise MissingPathError(f"checkpoint folder {ckpt} does not exist")
+    try:
+        spec = load_arch_spec(ckpt)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    _checked_layout(spec, tp, pp, ep)
+    try:
+        return run_job(megatron_to_hf_rank, tp, pp, ep, str(ckpt), str(out), tp, pp, ep, dtype, verify)
+    except BaseException:
+        _remove_partial(out)
+        raise

@@ -22,7 +22,7 @@ from megatron_maspo.launch.job import TRAIN_MODULE, LaunchOptions, job_env, job_
 try:
     import nemo_run as run
 except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError("maspo launch needs NeMo-Run: pip install 'megatron-maspo[launch]' "
+    raise ImportError("NeMo-Run cannot be imported; install the launch extra: pip install 'megatron-maspo[launch]' "
                       f"(nemo-run==0.11.1 with leptonai<0.47); import failed with: {e}") from e
 
 logger = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from megatron_maspo.reward.base import GradeStatus, RewardOutput
 from megatron_maspo.reward.config import RewardConfig
@@ -74,8 +75,11 @@ class MathReward:
             address_space_mb=config.max_worker_address_space_mb,
         )
 
-    def __call__(self, responses: list[str], ground_truths: list[str]) -> RewardOutput:
+    def __call__(self, responses: list[str], ground_truths: list[str], *,
+                 progress: Callable[[int], None] | None = None) -> RewardOutput:
         """Grade ``responses[i]`` against ``ground_truths[i]`` (both ``[B]``); see ``RewardOutput``.
+
+        ``progress(k)``, when given, is called as ``k`` more responses are graded.
 
         Raises:
             ValueError: the two lists differ in length.
@@ -95,7 +99,8 @@ class MathReward:
             [
                 (r, g, cfg.fallback, cfg.max_chars, cfg.timeout_s)
                 for r, g in zip(responses, ground_truths)
-            ]
+            ],
+            progress=progress,
         )
         rewards = [
             cfg.correct_reward if s is GradeStatus.CORRECT else cfg.incorrect_reward

@@ -173,10 +173,12 @@ class GraderPool:
         return [w.proc.pid for w in self._workers]
 
     # -- grading ---------------------------------------------------------------------------------
-    def map(self, items: Sequence[tuple]) -> list[GradeStatus]:
+    def map(self, items: Sequence[tuple], *,
+            progress: Callable[[int], None] | None = None) -> list[GradeStatus]:
         """Grade every ``items[i]`` (the argument tuple of ``grade_fn``); returns ``[len(items)]``.
 
         Never raises for a bad item: overruns score ``TIMEOUT``, dead workers ``CRASH``.
+        ``progress(k)``, when given, is called as ``k`` more items get their status.
 
         Raises:
             RuntimeError: workers cannot start at all (e.g. the grader module fails to import).
@@ -186,7 +188,11 @@ class GraderPool:
         results: list[GradeStatus | None] = [None] * len(items)
         pending = deque(range(len(items)))
         startup_failures = 0
+        reported = 0
         while pending or any(w.item is not None for w in self._workers):
+            if progress is not None and (done := len(items) - results.count(None)) > reported:
+                progress(done - reported)
+                reported = done
             for w in list(self._workers):
                 if w.ready and w.item is None and pending:
                     idx = pending.popleft()
@@ -244,6 +250,8 @@ class GraderPool:
                         f"grading worker {w.proc.pid} not ready after {_STARTUP_TIMEOUT_S} s"
                     )
         assert all(r is not None for r in results)
+        if progress is not None and len(items) > reported:
+            progress(len(items) - reported)
         return results  # type: ignore[return-value]
 
     def __del__(self) -> None:  # best effort at interpreter exit; close() is the contract

@@ -75,6 +75,14 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def min_bucket_mb(nbytes: int) -> int:
+    """The smallest whole ``rollout.bucket_mb`` (MiB) whose bucket holds a tensor of ``nbytes`` bytes.
+
+    Whole MiB: ``int(mb * 2**20)`` is then exact, where a rounded decimal (``1.0`` for 1.04 MiB) is not.
+    """
+    return max(1, -(-nbytes // 2**20))
+
+
 def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, *,
                  with_checksum: bool = True, dtype: torch.dtype | None = None) -> Iterator[Bucket]:
     """Stream ``(name, tensor)`` pairs into flat buckets of at most ``bucket_bytes`` bytes.
@@ -111,7 +119,7 @@ def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
         nbytes = t.numel() * t.element_size()
         if nbytes > bucket_bytes:
             raise ValueError(f"tensor {name!r} {tuple(t.shape)} {t.dtype} needs {nbytes} bytes > bucket size "
-                             f"{bucket_bytes}; raise rollout.bucket_mb to at least {nbytes / 2**20:.1f}")
+                             f"{bucket_bytes}; set rollout.bucket_mb={min_bucket_mb(nbytes)} or more")
         if pending and _aligned(used) + nbytes > bucket_bytes:
             yield _flush(pending, used, index, with_checksum)
             pending, used, index = [], 0, index + 1

@@ -9,7 +9,7 @@ with one seeded generator per row (``sampling.py``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -133,8 +133,13 @@ class BuiltinEngine:
                     p.data = torch.empty(self._dropped.pop(name), dtype=p.dtype, device=self.device)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
+                 progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
         """Sample ``params.n`` completions per prompt; see :class:`~.types.Engine`.
+
+        Args:
+            progress: called with the number of sequences that finished since the last call
+                (``P·n`` in all by the time it returns).
 
         Returns:
             ``[P][n]`` completions with per-token log-probs of ``log_softmax(z / T)`` (full vocabulary).
@@ -169,10 +174,14 @@ class BuiltinEngine:
             hit = torch.isin(tok, stop) & ~done
             length[hit] = t + 1
             done |= hit
+            if progress is not None and bool(hit.any()):
+                progress(int(hit.sum()))
             if bool(done.all()):
                 break
             step_ids, step_pos = tok[:, None], step_pos[:, -1:] + 1
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        if progress is not None and not bool(done.all()):
+            progress(int((~done).sum()))  # rows cut at max_tokens finish here
         result: list[list[Completion]] = [[] for _ in prompts]
         out_tok, out_lp, length, done = out_tok.cpu(), out_lp.cpu(), length.cpu(), done.cpu()
         for r, (i, _) in enumerate(rows):

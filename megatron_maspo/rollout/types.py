@@ -5,7 +5,7 @@ Kept free of heavy imports: the trainer, the evaluator and the tests depend on t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -58,8 +58,12 @@ class Completion:
 class Engine(Protocol):
     """A rollout engine: generates from token ids and accepts new weights by HF checkpoint name."""
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        """Sample ``params.n`` completions for each prompt; returns ``[P][n]`` completions."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
+                 progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
+        """Sample ``params.n`` completions for each prompt; returns ``[P][n]`` completions.
+
+        ``progress(k)``, when given, is called as ``k`` more sequences finish (``P·n`` in all).
+        """
         ...
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

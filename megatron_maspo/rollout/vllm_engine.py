@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -242,7 +242,9 @@ class VllmEngine:
             self.llm.wake_up()
             self._asleep = 0
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
+                 progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
+        """See :class:`~.types.Engine`; ``progress(k)`` is fed from vLLM's per-request completion count."""
         import vllm
 
         if self._stale:
@@ -253,7 +255,7 @@ class VllmEngine:
                                  max_tokens=params.max_tokens, stop_token_ids=list(params.stop_token_ids),
                                  seed=params.seed, logprobs=0, ignore_eos=True, detokenize=False)
         requests = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(reps)]
-        outs = self.llm.generate(requests, sp, use_tqdm=False)
+        outs = self.llm.generate(requests, sp, use_tqdm=_hooked_tqdm(progress) if progress else False)
         result: list[list[Completion]] = [[] for _ in prompts]
         for r, out in enumerate(outs):
             for c in out.outputs:
@@ -262,3 +264,28 @@ class VllmEngine:
                     token_ids=list(c.token_ids), logprobs=lps,
                     finish_reason="stop" if c.finish_reason == "stop" else "length", policy_version=self._version))
         return result
+
+
+def _hooked_tqdm(progress: Callable[[int], None]) -> Callable[..., Any]:
+    """A tqdm factory for ``LLM.generate(use_tqdm=...)`` that draws nothing and forwards the finished
+    sequences to ``progress``: our bar, not vLLM's.
+
+    vLLM calls the factory twice: over the prompts while rendering them (an iterable; its updates
+    count prompts, not results: not forwarded), then with ``total=`` requests while the engine runs,
+    updating by ``len(outputs)`` (the sequences of each finished request).
+    """
+    import io
+
+    from tqdm import tqdm
+
+    class _Hooked(tqdm):
+        def update(self, n: float | None = 1) -> bool | None:
+            progress(int(n or 0))
+            return super().update(n)
+
+    def make(*args: Any, **kwargs: Any) -> tqdm:
+        kwargs["file"] = io.StringIO()
+        iterating = bool(args) or kwargs.get("iterable") is not None
+        return tqdm(*args, **kwargs) if iterating else _Hooked(*args, **kwargs)
+
+    return make

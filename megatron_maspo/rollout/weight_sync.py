@@ -120,7 +120,7 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
             pass
         raise
     stats.seconds = time.perf_counter() - start
-    logger.info("weight sync: %d tensors in %d buckets, %.1f MB in %.3f s (%.2f GB/s)", stats.num_tensors,
+    logger.debug("weight sync: %d tensors in %d buckets, %.1f MB in %.3f s (%.2f GB/s)", stats.num_tensors,
                 stats.num_buckets, stats.num_bytes / 1e6, stats.seconds, stats.gb_per_s)
     return stats
 

@@ -327,8 +327,9 @@ class MegatronActor:
         comm.all_reduce(dev, op=comm.ReduceOp.MAX)
         return float(dev)
 
-    def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """All mini-batches (optimizer steps) of one rollout step.
+    def train_step(self, samples: Sequence[Sample], *,
+                   progress: Callable[[int], None] | None = None) -> dict[str, float]:
+        """All mini-batches (optimizer steps) of one rollout step; ``progress(1)`` after each one.
 
         Returns:
             metrics averaged over mini-batches (loss-module keys, ``actor/loss``, ``actor/grad_norm``,
@@ -352,6 +353,8 @@ class MegatronActor:
                                  "actor/empty": float(stats.empty)}
         skipped = 0
         for k, plan in enumerate(plans):
+            if progress is not None and k > 0:
+                progress(1)
             if plan.num_tokens_global == 0:
                 logger.warning("mini-batch %d has no trainable token; skipped", k)
                 skipped += 1
@@ -377,6 +380,8 @@ class MegatronActor:
             # sync and checkpoints read updated parameters (earlier mini-batches keep the overlap)
             for c in self.chunks:
                 c.start_param_sync(force_sync=True)
+        if progress is not None and plans:
+            progress(1)
         n = max(len(plans), 1)
         out.update({k: v / n for k, v in sums.items() if k != "actor/step_skipped"})
         out["actor/steps_skipped"] = float(skipped)

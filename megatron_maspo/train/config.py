@@ -124,4 +124,5 @@ class LoggingConfig:
     plots: bool = True
     """Write PNG plots of reward, entropy, length and gate statistics at the end."""
     progress: bool = True
-    """Progress bars for generation, grading and updates."""
+    """Console progress on rank 0 when it is a terminal: a bar over steps with ETA and live bars in
+    generation, grading and updates (a log file or CI gets one plain line per step either way)."""

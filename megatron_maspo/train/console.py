@@ -1,4 +1,4 @@
-"""One console line per step, and a progress bar over steps (rank 0 only)."""
+"""The one console line per RL step (rank 0 only); ``train/progress.py`` draws the bars."""
 
 from __future__ import annotations
 
@@ -10,19 +10,25 @@ KEYS = (("reward/mean", "reward", "{:+.3f}"), ("reward/accuracy", "acc", "{:.2f}
 
 
 class StepPrinter:
-    """Prints ``step k/N | reward +0.123 | acc 0.45 | ...`` lines."""
+    """Formats ``step k/N | reward +0.123 | acc 0.45 | ...`` lines; ``k`` counts from 1 (steps done)."""
 
     def __init__(self, rank: int, total: int, *, enabled: bool = True) -> None:
         self.rank, self.total, self.enabled = rank, total, enabled
 
-    def print(self, step: int, metrics: dict[str, float]) -> None:
+    def format(self, step: int, metrics: dict[str, float]) -> str | None:
+        """The line for the state after ``step`` updates; None off rank 0 or when disabled."""
         if self.rank != 0 or not self.enabled:
-            return
-        parts = [f"step {step + 1:>4d}/{self.total}"]
+            return None
+        parts = [f"step {step:>4d}/{self.total}"]
         for key, label, fmt in KEYS:
             if metrics.get(key) is not None:
                 parts.append(f"{label} {fmt.format(metrics[key])}")
         gate = next((k for k in metrics if k.endswith("w_mean") or k.endswith("gate_mean")), None)
         if gate:
             parts.append(f"{gate} {metrics[gate]:.3f}")
-        print(" | ".join(parts), file=sys.stdout, flush=True)
+        return " | ".join(parts)
+
+    def print(self, step: int, metrics: dict[str, float]) -> None:
+        line = self.format(step, metrics)
+        if line is not None:
+            print(line, file=sys.stdout, flush=True)

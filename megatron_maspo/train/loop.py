@@ -41,6 +41,7 @@ from megatron_maspo.train.offload import (
     release_cached_memory,
     training_tensors,
 )
+from megatron_maspo.train.progress import Progress
 from megatron_maspo.train.rollout_batch import (
     PromptGroup,
     group_metrics,
@@ -70,14 +71,37 @@ def _version_check(samples: list[Sample], version: int, cfg: MaspoConfig) -> Non
                            "set loss.tis_cap to train off-policy with a truncated IS correction")
 
 
+def check_run_dir(run_dir: str | Path, *, resume: bool) -> list[Path]:
+    """The run directory's complete checkpoints, or a one-line error when they contradict ``resume``.
+
+    Cheap (a directory listing): run it before building anything, so a wrong ``checkpoint.run_dir``
+    costs a second, not a model build.
+
+    Raises:
+        ConfigError: a fresh run (no ``resume``) whose run directory already holds checkpoints.
+        MissingPathError: ``resume`` and no complete checkpoint under the run directory.
+    """
+    from megatron_maspo.errors import ConfigError, MissingPathError
+    from megatron_maspo.train.checkpoint import list_checkpoints
+
+    ckpts = list_checkpoints(Path(run_dir) / CHECKPOINT_SUBDIR)
+    if resume and not ckpts:
+        raise MissingPathError(f"--resume: no complete checkpoint under {run_dir}/{CHECKPOINT_SUBDIR}")
+    if not resume and ckpts:
+        raise ConfigError(f"{run_dir} already holds checkpoints: pass --resume {run_dir} "
+                          "or choose another checkpoint.run_dir")
+    return ckpts
+
+
 class Trainer:
     """Owns the actor, the engine, the data order and the sinks of one run."""
 
     def __init__(self, cfg: MaspoConfig, *, resume: bool = False) -> None:
         from megatron_maspo.parallel.groups import init_parallel
         from megatron_maspo.train.actor import MegatronActor
-        from megatron_maspo.train.checkpoint import list_checkpoints, load_checkpoint
+        from megatron_maspo.train.checkpoint import load_checkpoint
 
+        ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)  # before the model is built
         self.cfg = cfg
         self.rank, world = setup_distributed()
         if world != cfg.parallel.world_size:
@@ -93,18 +117,11 @@ class Trainer:
         self.engine = build_engine(cfg, self.spec, self.tokenizer) if self.rank == 0 else None
         self.examples = self._load_examples()
         self.step = 0
-        ckpts = list_checkpoints(self.run_dir / CHECKPOINT_SUBDIR)
         state: dict = {}
         if resume:
-            if not ckpts:
-                raise FileNotFoundError(f"--resume: no complete checkpoint under {self.run_dir}/"
-                                        f"{CHECKPOINT_SUBDIR}")
             state = load_checkpoint(self.actor, ckpts[-1])
             self.step = int(state.get("step", 0))
             logger.info("resumed from %s at step %d", ckpts[-1], self.step)
-        elif ckpts:
-            raise ValueError(f"{self.run_dir} already holds checkpoints: pass --resume {self.run_dir} "
-                             "or choose another checkpoint.run_dir")
         # Weight versions count syncs: the initial one, then one per step. A resumed run's fresh engine
         # counts from 0 again, so its tags are offset by the steps already done.
         self.version = self.step
@@ -112,6 +129,7 @@ class Trainer:
         self.order = PromptOrder(len(self.examples), cfg.train.seed, state.get("epoch", 0),
                                  state.get("cursor", 0))
         self.sft_done = bool(state.get("sft_done", False))
+        self.progress = Progress(total=cfg.train.steps, enabled=False)  # run() puts up the live one
         if self.rank == 0:
             save_config(cfg, self.run_dir / "config.yaml")
 
@@ -135,14 +153,16 @@ class Trainer:
                                     stop_token_ids=[self.tokenizer.eos_token_id],
                                     seed=self.cfg.train.seed * 7919 + step * 101 + round_)
             prompts = [self.examples[i].prompt_ids for i in idx]
+            n_seq = len(prompts) * rc.group_size
             t0 = time.perf_counter()
-            with self.memory.phase("generate"):
-                comps = self.engine.generate(prompts, params)
+            with self.memory.phase("generate"), \
+                    self.progress.phase("generate", n_seq, "seq") as advance:
+                comps = self.engine.generate(prompts, params, progress=advance)
             self.timings["time/generate"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            with self.memory.phase("grade"):
+            with self.memory.phase("grade"), self.progress.phase("grade", n_seq, "resp") as advance:
                 groups = grade_groups(self.reward_fn, self.tokenizer, idx, prompts,
-                                      [self.examples[i].answer for i in idx], comps)
+                                      [self.examples[i].answer for i in idx], comps, progress=advance)
             self.timings["time/grade"] += time.perf_counter() - t0
             tc = self.cfg.train
             for g in groups:
@@ -228,17 +248,23 @@ class Trainer:
                           wandb_project=cfg.logging.wandb_project,
                           config=dataclasses.asdict(cfg), resume_step=self.step)
         printer = StepPrinter(self.rank, tc.steps)
+        self.progress = Progress(total=tc.steps, initial=self.step,
+                                 enabled=self.rank == 0 and cfg.logging.progress)
         try:
+            self.progress.open()
             if not self.sft_done and tc.sft_steps > 0:
                 sft_warm_start(self.actor, self.examples, self.tokenizer, cfg, rank=self.rank,
-                               progress=cfg.logging.progress)
+                               progress=self.progress)
                 self.sft_done = True
             self.sync()
+            self.progress.begin_steps()
             while self.step < tc.steps:
                 metrics = self.train_one_step()
-                sink.log(metrics, self.step)
-                printer.print(self.step, metrics)
+                # Steps count from 1 everywhere: "step k/N" on the console, "step": k in metrics.jsonl
+                # and TensorBoard, and checkpoints/step_k after it are all the state after k updates.
                 self.step += 1
+                sink.log(metrics, self.step)
+                self.progress.step_done(printer.format(self.step, metrics))
                 periodic = cfg.checkpoint.save_every and self.step % cfg.checkpoint.save_every == 0
                 stopping = stop.should_stop()
                 if periodic or stopping or self.step == tc.steps:
@@ -248,6 +274,7 @@ class Trainer:
                                    self.step, self.run_dir)
                     break
         finally:
+            self.progress.close()
             sink.close()
             if self.reward_fn is not None:
                 self.reward_fn.close()
@@ -289,8 +316,9 @@ class Trainer:
         samples = self.build_samples(kept)
         _version_check(samples, self.version, cfg)
         t0 = time.perf_counter()
-        with self.memory.phase("train"):
-            actor_metrics = self.actor.train_step(samples)
+        with self.memory.phase("train"), \
+                self.progress.phase("update", tc.mini_batches_per_step, "mini-batch") as advance:
+            actor_metrics = self.actor.train_step(samples, progress=advance)
         release_cached_memory()  # before the engine wakes in the sync
         self.timings["time/train"] = time.perf_counter() - t0
         mismatch = self._mismatch(samples)

@@ -35,16 +35,17 @@ def sft_samples(examples: list, tokenizer: Any, idx: list[int]) -> list[Sample]:
 
 
 def sft_warm_start(actor: Any, examples: list, tokenizer: Any, cfg: MaspoConfig, *, rank: int,
-                   progress: bool = True) -> dict[str, float]:
-    """``cfg.train.sft_steps`` supervised steps at ``cfg.train.sft_lr``; returns the last step's metrics."""
+                   progress: Any = None) -> dict[str, float]:
+    """``cfg.train.sft_steps`` supervised steps at ``cfg.train.sft_lr``; returns the last step's metrics.
+
+    ``progress``: a :class:`~megatron_maspo.train.progress.Progress` to show the steps on (or None).
+    """
     tc = cfg.train
     g = torch.Generator().manual_seed(tc.seed + 17)
     batch = tc.prompts_per_step * 2
-    it = range(tc.sft_steps)
-    if progress and rank == 0:
-        from tqdm import tqdm
-
-        it = tqdm(it, desc="sft warm start", leave=False)
+    it: Any = range(tc.sft_steps)
+    if progress is not None and rank == 0:
+        it = progress.iterate(it, "SFT warm start", unit="step")
     metrics: dict[str, float] = {}
     # The warm start must not depend on the RL method: PPO-clip at rho = 1 has exactly the NLL gradient,
     # whereas e.g. QUATRO's per-prompt terms do not. Swap the loss for the warm start only.

@@ -38,14 +38,18 @@ def _clean(v: Any) -> float | None:
 
 
 class JsonlSink:
-    """One JSON object per step in ``metrics.jsonl``; truncates records past ``resume_step`` on resume."""
+    """One JSON object per step in ``metrics.jsonl``; truncates records past ``resume_step`` on resume.
+
+    ``step`` counts from 1 (the record of step k is the state after k updates, as ``checkpoints/step_k``).
+    """
 
     def __init__(self, path: Path, resume_step: int | None = None) -> None:
         self.path = path
         if resume_step is not None and path.exists():
-            # A resumed run continues after its checkpoint: drop records of steps it will redo.
+            # A resumed run continues after its checkpoint (step_<resume_step>): drop records of the
+            # steps it will redo.
             kept = [ln for ln in path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", -1) < resume_step]
+                    if ln.strip() and json.loads(ln).get("step", -1) <= resume_step]
             path.write_text("".join(ln + "\n" for ln in kept))
         self._f = path.open("a", buffering=1)
 

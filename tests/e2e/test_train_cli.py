@@ -15,7 +15,7 @@ import pytest
 # A smaller-than-tiny run: one layer, 4 prompts x 4 responses, 6 new tokens.
 MICRO = ["model.tiny_num_layers=1", "model.tiny_hidden_size=32", "train.prompts_per_step=4",
          "rollout.group_size=4", "rollout.max_new_tokens=6", "train.sft_steps=2", "data.num_examples=32",
-         "logging.tensorboard=false", "logging.plots=false", "logging.progress=false",
+         "logging.tensorboard=false", "logging.plots=false",
          "reward.num_workers=1", "train.max_tokens_per_micro_batch=256"]
 
 
@@ -66,12 +66,20 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     assert a.returncode == 0, a.stderr[-3000:]
     assert not [ln for ln in a.stderr.splitlines() if "transformers" in ln and
                 ("deprecat" in ln.lower() or "will be removed" in ln)], "transformers deprecation warning"
+    # A quiet console when not a terminal: one plain line per step (numbered like metrics and
+    # checkpoints), no bars, and none of Megatron's start-up warnings, bucket listings or the
+    # dist-checkpoint "overwriting" warning on each save.
+    assert [ln.split("|")[0].strip() for ln in a.stdout.splitlines() if ln.startswith("step")] == [
+        f"step    {k}/4" for k in (1, 2, 3, 4)]
+    for noise in ("Apex", "Transformer Engine", "Megatron-FSDP", "Params for bucket", "Overwriting",
+                  "RL steps", "\r"):
+        assert noise not in a.stderr, (noise, a.stderr[-3000:])
     b = _run(sets=[*MICRO, "train.steps=2", "checkpoint.save_every=2", f"checkpoint.run_dir={part}"])
     assert b.returncode == 0, b.stderr[-3000:]
     c = _run("--resume", str(part), sets=["train.steps=4"])
     assert c.returncode == 0, c.stderr[-3000:]
     ra, rc = _metrics(full), _metrics(part)
-    assert [r["step"] for r in rc] == [0, 1, 2, 3]
+    assert [r["step"] for r in rc] == [1, 2, 3, 4]  # steps count from 1, like checkpoints/step_k
     assert [_comparable(r) for r in ra] == [_comparable(r) for r in rc]
     assert (part / "checkpoints" / "step_4").is_dir()
     # maspo eval: Avg@k / Pass@k of the trained checkpoint through the engine, as a table and JSON.
@@ -123,4 +131,4 @@ def test_sigterm_checkpoints_and_sigkill_loses_only_recent_steps(tmp_path):
     out = _run("--resume", str(run_dir), sets=[f"train.steps={last + 1}"])
     assert out.returncode == 0, out.stderr[-3000:]
     steps = [r["step"] for r in _metrics(run_dir)]
-    assert steps == list(range(last + 1)), steps
+    assert steps == list(range(1, last + 2)), steps

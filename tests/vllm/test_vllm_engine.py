@@ -125,6 +125,18 @@ def test_vllm_sampling_contract(synced):
     assert stopped.finish_reason == "stop" and stopped.token_ids == a[0][0].token_ids[:first_hit + 1]
 
 
+def test_vllm_progress_hook_counts_every_sequence(synced):
+    from megatron_maspo.rollout.types import SamplingParams
+
+    engine, _, _ = synced
+    params = SamplingParams(n=3, temperature=TEMP, max_tokens=MAX_TOKENS, seed=7)
+    calls: list[int] = []
+    hooked = engine.generate(PROMPTS, params, progress=calls.append)
+    assert sum(calls) == len(PROMPTS) * 3 and all(c > 0 for c in calls)
+    plain = engine.generate(PROMPTS, params)  # the hook changes nothing but what is reported
+    assert [[c.token_ids for c in per] for per in hooked] == [[c.token_ids for c in per] for per in plain]
+
+
 def test_vllm_rejects_corrupt_bucket(synced):
     from megatron_maspo.rollout.buckets import Bucket
 

@@ -92,6 +92,14 @@ def test_answer_table(reward: MathReward) -> None:
     assert out.metrics["reward/mean"] == pytest.approx(sum(out.rewards) / len(TABLE))
 
 
+def test_progress_hook_counts_each_graded_response_once(reward: MathReward) -> None:
+    responses, golds, _ = zip(*TABLE)
+    calls: list[int] = []
+    out = reward(list(responses), list(golds), progress=calls.append)
+    assert sum(calls) == len(TABLE) and all(c > 0 for c in calls)
+    assert out.rewards == reward(list(responses), list(golds)).rewards
+
+
 def test_pathological_batch_within_time_limit(reward: MathReward) -> None:
     bad = [
         r"\boxed{" + "{" * 20_000 + "1" + "}" * 20_000 + "}",  # deep nesting

@@ -61,3 +61,17 @@ def test_checksum_detects_a_single_flipped_bit_and_wire_round_trip():
     with pytest.raises(ValueError, match="bucket 0 is corrupted"):
         unpack_bucket(wire)
     unpack_bucket(wire, verify=False)  # verification is what caught it
+
+
+@pytest.mark.parametrize("rows", [1, 257, 273])  # 1.0 MiB + 1 KiB or 64 KiB: a one-decimal hint rounds down
+def test_bucket_size_hint_names_a_size_that_works(rows):
+    import re
+
+    from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb
+
+    t = torch.zeros(1024 + rows, 256)  # fp32: (1024 + rows) KiB
+    with pytest.raises(ValueError, match=r"set rollout.bucket_mb=(\d+) or more") as e:
+        list(pack_buckets([("big.weight", t)], bucket_bytes=bucket_bytes_from_mb(1)))
+    hinted = int(re.search(r"bucket_mb=(\d+)", str(e.value)).group(1))
+    (b,) = pack_buckets([("big.weight", t)], bucket_bytes=bucket_bytes_from_mb(hinted))
+    assert b.metas[0].name == "big.weight"

@@ -91,3 +91,13 @@ def test_load_weights_exact_key_set_and_version():
         eng.generate(PROMPTS, params)
     eng.load_weights(new.items())
     assert eng.generate(PROMPTS, params)[0][0].policy_version == 2
+
+
+def test_progress_hook_counts_every_sequence_once(engine):
+    # Some rows stop early (stop token), the rest run to max_tokens: the hook sees all P·n rows.
+    calls: list[int] = []
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=6, seed=5, stop_token_ids=list(range(0, 301, 2)))
+    with_hook = engine.generate(PROMPTS, params, progress=calls.append)
+    assert sum(calls) == len(PROMPTS) * 3 and all(c > 0 for c in calls)
+    assert len(calls) > 1  # reported as rows finish, not once at the end
+    assert with_hook == engine.generate(PROMPTS, params)  # the hook does not change the samples

@@ -1,0 +1,29 @@
+"""Errors a user fixes by changing what they typed: the CLI prints them as one line and exits 2.
+
+Everything else (a ``ValueError`` deep inside a run, a failing collective) keeps its traceback: it
+is a bug or an environment problem, and the traceback is what a person needs to find it.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A bad configuration: a ``--set`` override, a recipe, a saved config.yaml or a command-line flag.
+
+    The message names the key (or flag) and what it accepts.
+    """
+
+
+class InputError(ValueError):
+    """A user-given input (checkpoint folder, safetensors file) cannot be used as it is.
+
+    The message names the file and, where there is one, the tensor.
+    """
+
+
+class MissingPathError(FileNotFoundError):
+    """A path the user gave (``--resume DIR``, ``data.source``, ``--config``) does not exist."""
+
+
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, InputError, MissingPathError)
+"""What ``maspo`` turns into a one-line message with exit status 2."""
