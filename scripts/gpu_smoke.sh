@@ -110,7 +110,7 @@ install_wheels() {
   echo "SMOKE install: $(ls "$WHEELS"/*.whl 2>/dev/null | wc -l) wheels into $SITE; project from" \
        "$(ls "$WHEELS"/megatron_maspo-*.whl >/dev/null 2>&1 && echo wheel || echo checkout)"
   "$PY" - <<'EOF'
-import importlib, sys
+import importlib.util, sys
 missing = [m for m in ("torch", "megatron.core", "math_verify", "transformers", "megatron_maspo")
            if importlib.util.find_spec(m) is None]
 import torch
