@@ -5,14 +5,17 @@ The actor gathers hidden states at response positions only and calls
 prompt tokens are never projected onto the vocabulary and no ``[T, V/tp]`` tensor exists beyond
 one chunk.
 
-Per token chunk ``c`` (``C`` rows): forward computes ``z_c = h_c W^T`` ([C, V/tp], in the input
-dtype, exactly what Megatron's output layer would produce), reduces it in one sweep to four fp32
-scalars per token and drops it; the ranks are merged with the same two collectives (16 B/token) as
-the logits path. Backward recomputes ``z_c`` (the 8·N·H·V/tp FLOP recompute design, performance-model.md
-§2), forms ``dz_c`` and accumulates
+Per token chunk ``c`` (``C`` rows, ``C`` from the byte budget of ``logprobs_budget``; the short
+remainder chunk first): forward computes ``z_c = h_c W^T`` into one reused ``[C, V/tp]`` tile (input
+dtype, exactly what Megatron's output layer would produce) and reduces it in one sweep to four fp32
+scalars per token; the ranks are merged with the same two collectives (16 B/token) as the logits
+path. The tile is kept for backward: it still holds the last chunk's logits, so backward walks the
+chunks in reverse, uses them as they are and recomputes ``z_c`` only for the others (one extra GEMM
+per recomputed token: store-vs-recompute within the budget, docs/logprobs.md). It forms ``dz_c`` in
+the tile and accumulates
 
-* ``dW += dz_c^T h_c`` into an fp32 ``[V/tp, H]`` buffer (bf16 weights would lose bits summed
-  chunk by chunk in bf16), and
+* ``dW += dz_c^T h_c`` in fp32: in the gradient itself for fp32 weights, in an fp32 ``[V/tp, H]``
+  buffer for bf16 (bf16 weights would lose bits summed chunk by chunk in bf16), and
 * ``dh_c = dz_c W`` — a **partial** sum over this rank's vocabulary slice.
 
 The true ``∂L/∂h`` sums over the whole vocabulary, so backward ends with one SUM all-reduce of

@@ -127,3 +127,38 @@ def test_a_default_call_holds_no_more_than_the_budget():
     assert got["hidden_fwd_bwd"] <= budget + grads + slack, got
     # and the budget is what bounds it: the logits would be 16x larger
     assert got["hidden_fwd"] < 4096 * 8192 * 4 / 8
+
+
+@pytest.mark.parametrize("t,c", [(2048, 992), (10, 5), (3, 7), (7, 3), (1, 1)])
+def test_chunk_bounds_cover_tokens_remainder_first(t, c):
+    from megatron_maspo.parallel.logprobs_budget import chunk_bounds
+
+    b = chunk_bounds(t, c)
+    assert b[0][0] == 0 and b[-1][1] == t
+    assert all(x[1] == y[0] for x, y in zip(b, b[1:]))
+    assert all(0 < s1 - s0 <= c for s0, s1 in b)
+    assert b[-1][1] - b[-1][0] == min(c, t)  # the kept (last) chunk is a full one
+    assert all(s1 - s0 == c for s0, s1 in b[1:])
+
+
+@pytest.mark.parametrize("budget", [None, 3000, 1])  # one chunk (tile kept), several, one row each
+def test_kept_tile_backward_equals_recompute_and_survives_a_second_backward(budget):
+    """The tile kept from the forward is overwritten by backward; a second backward recomputes."""
+    from megatron_maspo.parallel import vocab_parallel_logprobs_from_hidden
+
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(13, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(40, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 37, (13,), generator=g)
+    coef = torch.randn(2, 13, generator=g, dtype=torch.float64)
+
+    def grads(**kw):
+        lp, ent = vocab_parallel_logprobs_from_hidden(h, w, y, vocab_size=37, temperature=0.8, **kw)
+        loss = (coef[0] * lp + coef[1] * ent).sum()
+        first = torch.autograd.grad(loss, (h, w), retain_graph=True)
+        return first, torch.autograd.grad(loss, (h, w))
+
+    ref, _ = grads(chunk_size=1)  # every chunk recomputed except a one-row tile
+    first, second = grads(chunk_bytes=budget)
+    for a, b, r in zip(first, second, ref):
+        assert torch.allclose(a, r, atol=1e-12) and torch.allclose(b, r, atol=1e-12)
