@@ -8,9 +8,10 @@ step, so that positive-advantage tokens carry at least a share ρ₀ of the (det
     raise c_high by δ₁ (up to b⁺), then c_low by δ₂ (up to b⁻), while P/(P+N) < ρ₀
 
 Every candidate's P and N are computed in one vectorised pass and SUM-reduced over ``dp_group`` in a
-single all-reduce (not one per search step), so all DP ranks pick the same bounds. The search sees the
-tokens of this call only: call it on the whole mini-batch (or pass the DP group) to match the paper's
-"per batch" statistics.
+single all-reduce (not one per search step), so all DP ranks pick the same bounds. The trainer searches
+once per mini-batch at the current policy (`group_stats.mini_batch_stats`, ``bapo_scope='mini_batch'``)
+and passes the bounds in ``ctx.batch_stats``; without them the loss searches on this call's tokens
+(``'micro_batch'``, the official code's behaviour).
 """
 
 from __future__ import annotations
@@ -81,8 +82,11 @@ def bapo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, ad
          ctx: TokenContext) -> MethodOutput:
     """BAPO per-token loss: PPO-clip(c_low, c_high) with the searched bounds (+ optional dual-clip)."""
     ratio = torch.exp(clamped_log_ratio(logprobs, old_logprobs, cfg.log_ratio_clamp))
-    c_low, c_high, share = bapo_search_bounds(ratio, adv, ctx.mask, cfg, ctx.dp_group)
-    loss, w = ppo_clip_loss(ratio, adv, c_low, c_high, cfg.dual_clip_c)
-    extras = {k: torch.tensor(v, dtype=ratio.dtype, device=ratio.device)
-              for k, v in (("bapo/c_low", c_low), ("bapo/c_high", c_high), ("bapo/pos_share", share))}
-    return MethodOutput(loss=loss, weight=w, ratio=ratio.detach(), extras=extras)
+    keys = ("bapo/c_low", "bapo/c_high", "bapo/pos_share")
+    if keys[0] in ctx.batch_stats:  # searched once over the whole mini-batch (no host sync here)
+        vals = [ctx.batch_stats[k].to(device=ratio.device, dtype=ratio.dtype) for k in keys]
+    else:
+        found = bapo_search_bounds(ratio, adv, ctx.mask, cfg, ctx.dp_group)
+        vals = [torch.tensor(v, dtype=ratio.dtype, device=ratio.device) for v in found]
+    loss, w = ppo_clip_loss(ratio, adv, vals[0], vals[1], cfg.dual_clip_c)
+    return MethodOutput(loss=loss, weight=w, ratio=ratio.detach(), extras=dict(zip(keys, vals)))

@@ -16,6 +16,7 @@ KL_TYPES = ("k1", "k2", "k3")
 NONFINITE = ("raise", "mask")
 BAPO_CONTRIBUTIONS = ("loss_value", "gradient_mass")
 BAPO_ORDERS = ("high_first", "low_first")
+BAPO_SCOPES = ("mini_batch", "micro_batch")
 QUATRO_DIVERGENCES = ("kl_new_old", "kl_old_new", "k3")
 QUATRO_SOLVERS = ("fixed", "dual_ascent", "reps_closed_form")
 
@@ -85,6 +86,11 @@ class LossConfig:
     'gradient_mass' |Â|·ρ over ρ ≥ c_low only (algorithms.md §8 subtlety)."""
     bapo_order: str = "high_first"
     """Which bound moves first: 'high_first' (paper) or 'low_first' (official code)."""
+    bapo_scope: str = "mini_batch"
+    """Tokens the bound search sees: 'mini_batch' (Alg. 1: the whole optimizer step's batch at the
+    current policy, all micro-batches and DP ranks; the trainer runs one forward-only pass per
+    mini-batch after the first to get the current ratios) or 'micro_batch' (official code: each loss
+    call, all-reduced over DP; no extra forward)."""
 
     # --- CISPO / GPPO ---
     gppo_beta_low: float = 1.0
@@ -153,7 +159,7 @@ class LossConfig:
     def __post_init__(self) -> None:
         choices = {"method": METHODS, "aggregation": AGGREGATIONS, "advantage": ADVANTAGES,
                    "kl_type": KL_TYPES, "nonfinite": NONFINITE, "bapo_contribution": BAPO_CONTRIBUTIONS,
-                   "bapo_order": BAPO_ORDERS, "quatro_divergence": QUATRO_DIVERGENCES,
+                   "bapo_order": BAPO_ORDERS, "bapo_scope": BAPO_SCOPES, "quatro_divergence": QUATRO_DIVERGENCES,
                    "quatro_dual_solver": QUATRO_SOLVERS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -18,7 +18,9 @@ from ``quatro_dual_solver``: 'fixed' (λ_init), 'dual_ascent' (one projected ste
 ``clip(λ_init + η·(D̂_q - δ), λ_min, λ_max)`` with D̂_q the prompt's mean detached D over this call's
 tokens; a stateful controller across steps belongs to the trainer), or 'reps_closed_form'
 (``argmin_λ λδ + λ·log mean_j exp(Â_j/λ)`` over the prompt's responses, on a log-spaced grid).
-Per-prompt statistics use the tokens of this call: keep each prompt's responses in one call.
+The trainer computes λ_q over the whole group before the loss calls (`group_stats.py`: REPS from all
+G advantages at rollout time, dual ascent from all the prompt's tokens of the mini-batch) and passes it
+per token in ``ctx.batch_stats['quatro/lambda']``; without it λ_q uses this call's tokens only.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ def _lambdas(cfg: LossConfig, d: torch.Tensor, adv: torch.Tensor, ctx: TokenCont
     """λ_q broadcast to tokens; [T] detached."""
     if cfg.quatro_dual_solver == "fixed":
         return torch.full_like(adv, cfg.quatro_lambda_init)
+    if "quatro/lambda" in ctx.batch_stats:
+        return ctx.batch_stats["quatro/lambda"].to(adv.dtype).detach()
     if ctx.prompt_ids is None:
         raise ValueError(f"quatro_dual_solver={cfg.quatro_dual_solver!r} needs prompt_ids [T]")
     uniq, p_idx = torch.unique(ctx.prompt_ids, return_inverse=True)

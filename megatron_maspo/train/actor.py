@@ -32,6 +32,7 @@ from megatron_maspo.model.provider import ModelBuildOptions, build_model_chunks
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
 from megatron_maspo.parallel.groups import ParallelGroups, default_device
+from megatron_maspo.train.batch_stats import prepare_batch_stats
 from megatron_maspo.train.forward import (
     MicroBatchInputs,
     StepContext,
@@ -104,6 +105,7 @@ class MegatronActor:
             chunks[0].config, "moe_token_dispatcher_type", None) == "allgather"
         self.steps_done = 0
         self.steps_skipped = 0
+        self._at_old_policy = False  # parameters still equal π_old's (ρ = 1): set by the recompute
 
     # ------------------------------------------------------------------ planning
     def plan(self, samples: Sequence[Sample]) -> tuple[list[MiniBatchPlan], list[int], PackStats]:
@@ -137,8 +139,11 @@ class MegatronActor:
             "old_logprobs": per_token(lambda s, n: s.old_logprobs),
             "ref_logprobs": per_token(lambda s, n: s.ref_logprobs),
             "rollout_logprobs": per_token(lambda s, n: s.rollout_logprobs)}.items()}
+        keys = {k for i in mb.sample_index for k in samples[i].group_stats}
+        grp = {k: per_token(lambda s, n, k=k: torch.full((n,), float(s.group_stats[k]))).to(dev)
+               for k in sorted(keys)}
         return MicroBatchInputs(
-            tokens=mb.tokens.view(1, -1).to(dev), position_ids=mb.position_ids.view(1, -1).to(dev),
+            group_stats=grp, tokens=mb.tokens.view(1, -1).to(dev), position_ids=mb.position_ids.view(1, -1).to(dev),
             attention_mask=block_causal_mask(mb.seq_lens, dev), resp_index=mb.resp_index.to(dev),
             labels=mb.labels.to(dev), loss_mask=mb.loss_mask.to(dev), seq_ids=mb.seq_ids.to(dev),
             prompt_ids=pid.to(dev), advantages=adv.to(dev), num_tokens=mb.num_tokens, **opt)
@@ -212,14 +217,14 @@ class MegatronActor:
             raise ValueError("ranks received different rollout batches; every rank must get the "
                              "identical global list of samples")
 
-    def _loss_fn(self, plan: MiniBatchPlan, mb: MicroBatchInputs, lp: torch.Tensor,
-                 ent: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _loss_fn(self, plan: MiniBatchPlan, stats: dict[str, torch.Tensor], mb: MicroBatchInputs,
+                 lp: torch.Tensor, ent: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return compute_policy_loss(
             self.cfg.loss, lp, mb.old_logprobs, mb.advantages, mb.loss_mask,
             num_tokens_global=plan.num_tokens_global, num_seqs_global=plan.num_seqs_global,
             seq_ids=mb.seq_ids, entropy=ent, ref_logprobs=mb.ref_logprobs,
             rollout_logprobs=mb.rollout_logprobs, prompt_ids=mb.prompt_ids,
-            dp_group=self.groups.dp_group)
+            dp_group=self.groups.dp_group, batch_stats={**stats, **mb.group_stats})
 
     def fill_old_logprobs(self, samples: Sequence[Sample], plans: list[MiniBatchPlan]) -> None:
         """Recompute ``old_logprobs`` (and ``ref_logprobs`` if needed) for this rank's samples."""
@@ -229,14 +234,19 @@ class MegatronActor:
             if needed:  # always: every PP stage must join the schedule, whatever the samples hold
                 for i, (lp, _) in self._logprobs_local(samples, plans, model=which).items():
                     setattr(samples[i], name, lp)
+        self._at_old_policy = True
 
     def forward_backward(self, samples: Sequence[Sample], plan: MiniBatchPlan) -> StepContext:
         """Zero the grads, run one mini-batch forward+backward; grads end DP-reduced and ÷N_glob."""
         for c in self.chunks:
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
+        stats = prepare_batch_stats(  # whole-group / whole-mini-batch statistics (BAPO, QUATRO)
+            self.cfg.loss, samples, plan, at_old_policy=self._at_old_policy,
+            probe=lambda: self._logprobs_local(samples, [plan], model="policy"),
+            is_last_stage=self.groups.is_last_stage, dp_group=self.groups.dp_group, device=self.device)
         ctx = self._context()
-        ctx.loss_fn = partial(self._loss_fn, plan)
+        ctx.loss_fn, ctx.batch_stats = partial(self._loss_fn, plan, stats), stats
         ctx.num_tokens_global = plan.num_tokens_global
         self._run(self.chunks, [self._inputs(samples, mb) for mb in plan.micro_batches], ctx,
                   forward_only=False)
@@ -259,6 +269,7 @@ class MegatronActor:
         lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step(increment=1)
         self.steps_done += 1
+        self._at_old_policy = False
         return {"actor/step_skipped": 0.0 if ok else 1.0, "actor/grad_norm": float(grad_norm or 0.0),
                 "actor/lr": float(lr)}
 

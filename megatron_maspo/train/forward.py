@@ -103,6 +103,8 @@ class MicroBatchInputs:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     rollout_logprobs: torch.Tensor | None = None
+    group_stats: dict[str, torch.Tensor] = field(default_factory=dict)
+    """[T] per-token values of ``Sample.group_stats`` (e.g. ``quatro/lambda``)."""
 
 
 @dataclass
@@ -120,6 +122,7 @@ class StepContext:
         entropies: collected detached ``[T]`` entropies.
         metrics: summed metrics (pre-divided by the global count).
         loss_finite: False once any micro-batch gave a non-finite loss.
+        batch_stats: the mini-batch statistics every loss call received (BAPO's bounds).
     """
 
     tp_group: Any
@@ -132,6 +135,7 @@ class StepContext:
     entropies: list[torch.Tensor] = field(default_factory=list)
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     loss_finite: bool = True
+    batch_stats: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def make_forward_step(ctx: StepContext) -> Callable:

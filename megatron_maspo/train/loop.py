@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from megatron_maspo.config import MaspoConfig, save_config
 from megatron_maspo.loss.advantages import compute_advantages
+from megatron_maspo.loss.group_stats import prompt_group_stats
 from megatron_maspo.rollout.types import SamplingParams
 from megatron_maspo.train.components import PromptOrder, build_engine, build_policy_source
 from megatron_maspo.train.distributed import broadcast_object, setup_distributed
@@ -142,6 +143,8 @@ class Trainer:
     def build_samples(self, groups: list[PromptGroup]) -> list[Sample]:
         """One ``Sample`` per kept response, with its group advantage ``adv[P, G]`` (same on every rank)."""
         adv = compute_advantages(self.cfg.loss, rewards_tensor(groups))
+        # per-prompt statistics over all G responses, before any filtering or packing
+        pstats = prompt_group_stats(self.cfg.loss, adv)
         samples = []
         for p, g in enumerate(groups):
             for j, c in enumerate(g.completions_G):
@@ -151,7 +154,8 @@ class Trainer:
                                       advantage=float(adv[p, j]), prompt_index=p,
                                       rollout_logprobs=list(c.logprobs),
                                       policy_version=c.policy_version + self._engine_version_offset,
-                                      reward=g.rewards_G[j], finish_reason=c.finish_reason))
+                                      reward=g.rewards_G[j], finish_reason=c.finish_reason,
+                                      group_stats=dict(pstats[p])))
         return samples
 
     def _mismatch(self, samples: list[Sample]) -> dict[str, float]:
