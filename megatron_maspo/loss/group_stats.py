@@ -37,13 +37,13 @@ LAMBDA_KEY = "quatro/lambda"
 
 def needs_current_logprobs(cfg: LossConfig) -> bool:
     """True if the mini-batch statistics need log π_θ of the whole mini-batch before its gradient."""
-    return ((cfg.method == "bapo" and cfg.bapo_scope == "mini_batch")
-            or (cfg.method == "quatro" and cfg.quatro_dual_solver == "dual_ascent"))
+    return ((cfg.method == "bapo" and cfg.bapo.scope == "mini_batch")
+            or (cfg.method == "quatro" and cfg.quatro.dual_solver == "dual_ascent"))
 
 
 def needs_prompt_stats(cfg: LossConfig) -> bool:
     """True if a per-prompt statistic is computed from the rollout alone (REPS dual)."""
-    return cfg.method == "quatro" and cfg.quatro_dual_solver == "reps_closed_form"
+    return cfg.method == "quatro" and cfg.quatro.dual_solver == "reps_closed_form"
 
 
 def reps_prompt_lambdas(cfg: LossConfig, advantages: Sequence[float], prompt_index: Sequence[int]
@@ -51,7 +51,7 @@ def reps_prompt_lambdas(cfg: LossConfig, advantages: Sequence[float], prompt_ind
     """QUATRO's REPS dual λ_q of every prompt over all of its responses.
 
     Args:
-        cfg: quatro_delta, quatro_lambda_min/max.
+        cfg: cfg.quatro (delta, lambda_min, lambda_max).
         advantages: Â_i of every response (one per sample, the whole rollout batch).
         prompt_index: the prompt of each response (same length).
 
@@ -87,12 +87,12 @@ def effective_advantages(cfg: LossConfig, adv: torch.Tensor, old_logprobs: torch
     BAPO's share is measured on the advantages the loss uses.
     """
     adv = adv.detach()
-    if cfg.entropy_adv_coef > 0:
+    if cfg.entropy_adv.coef > 0:
         if entropy is None:
-            raise ValueError("entropy [T] is required because LossConfig.entropy_adv_coef > 0")
-        adv = entropy_advantage(adv, entropy, cfg.entropy_adv_coef, cfg.entropy_adv_kappa)
-    if cfg.adv_reweight_alpha > 0:
-        adv = reweight_advantage(adv, old_logprobs.detach(), cfg.adv_reweight_alpha)
+            raise ValueError("entropy [T] is required because loss.entropy_adv.coef > 0")
+        adv = entropy_advantage(adv, entropy, cfg.entropy_adv.coef, cfg.entropy_adv.kappa)
+    if cfg.adv_reweight.alpha > 0:
+        adv = reweight_advantage(adv, old_logprobs.detach(), cfg.adv_reweight.alpha)
     return adv
 
 
@@ -115,7 +115,7 @@ def mini_batch_stats(cfg: LossConfig, *, logprobs: torch.Tensor, old_logprobs: t
         mask: [T] valid tokens.
         prompt_ids: [T] int64 prompt index of each token.
         prompts: every prompt index of the mini-batch (all DP ranks), identical on every rank.
-        entropy: [T] H_t (only with entropy_adv_coef > 0).
+        entropy: [T] H_t (only with entropy_adv.coef > 0).
         dp_group: the data-parallel group, or None for one process.
 
     Returns:
@@ -147,7 +147,7 @@ def mini_batch_stats(cfg: LossConfig, *, logprobs: torch.Tensor, old_logprobs: t
                             device=lp.device)
     except KeyError as e:
         raise ValueError(f"prompt {e.args[0]} of this shard is not in `prompts`") from None
-    d = quatro_divergence(log_ratio, cfg.quatro_divergence, cfg.quatro_drop_zero_mean_term)
+    d = quatro_divergence(log_ratio, cfg.quatro.divergence, cfg.quatro.drop_zero_mean_term)
     m = valid.double()
     sums = torch.zeros(2, len(prompts), dtype=torch.float64, device=lp.device)  # NCCL: on device
     sums[0].index_add_(0, slot, d * m)
@@ -155,6 +155,6 @@ def mini_batch_stats(cfg: LossConfig, *, logprobs: torch.Tensor, old_logprobs: t
     if dp_group is not None:
         dist.all_reduce(sums, group=dp_group)
     d_hat = sums[0] / sums[1].clamp_min(1.0)
-    lam = torch.clamp(cfg.quatro_lambda_init + cfg.quatro_lambda_lr * (d_hat - cfg.quatro_delta),
-                      cfg.quatro_lambda_min, cfg.quatro_lambda_max)
+    lam = torch.clamp(cfg.quatro.lambda_init + cfg.quatro.lambda_lr * (d_hat - cfg.quatro.delta),
+                      cfg.quatro.lambda_min, cfg.quatro.lambda_max)
     return stats, {p: float(v) for p, v in zip(prompts, lam.tolist())}

@@ -87,8 +87,8 @@ def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: t
     check_token_inputs(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
                        seq_ids=seq_ids, entropy=entropy, ref_logprobs=ref_logprobs,
                        rollout_logprobs=rollout_logprobs, prompt_ids=prompt_ids)
-    needs = {"entropy": (cfg.entropy_coef > 0 or cfg.entropy_adv_coef > 0, entropy,
-                         "entropy_coef / entropy_adv_coef > 0"),
+    needs = {"entropy": (cfg.entropy_coef > 0 or cfg.entropy_adv.coef > 0, entropy,
+                         "entropy_coef / entropy_adv.coef > 0"),
              "ref_logprobs": (cfg.kl_coef > 0, ref_logprobs, "kl_coef > 0"),
              "rollout_logprobs": (cfg.tis_cap is not None, rollout_logprobs, "tis_cap is set")}
     for name, (needed, t, why) in needs.items():
@@ -120,7 +120,7 @@ def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: t
         metrics["tis/truncated_frac"] = ((tis >= cfg.tis_cap).to(m.dtype) * m).sum() / n_glob
 
     def agg(x: torch.Tensor) -> torch.Tensor:
-        return aggregate(x, mask, cfg.aggregation, num_tokens_global=n_glob,
+        return aggregate(x, mask, cfg.effective_aggregation, num_tokens_global=n_glob,
                          num_seqs_global=num_seqs_global, seq_ids=seq_ids,
                          norm_constant=cfg.norm_constant)
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from megatron_maspo.recipes.base import MAX_PROMPT_TOKENS, paper_config
-
 from megatron_maspo.config import MaspoConfig
+from megatron_maspo.recipes.base import MAX_PROMPT_TOKENS, paper_config
 
 NAME = "llama3-70b-maspo"
 

@@ -6,9 +6,8 @@
 
 from __future__ import annotations
 
-from megatron_maspo.recipes.base import paper_config
-
 from megatron_maspo.config import MaspoConfig
+from megatron_maspo.recipes.base import paper_config
 
 NAME = "qwen2.5-7b-maspo"
 

@@ -9,9 +9,8 @@ parallelism, which MoE with TP needs). vLLM runs the model at TP 2.
 
 from __future__ import annotations
 
-from megatron_maspo.recipes.base import paper_config
-
 from megatron_maspo.config import MaspoConfig
+from megatron_maspo.recipes.base import paper_config
 
 NAME = "qwen3-30b-a3b-maspo"
 

@@ -4,7 +4,7 @@ The actor calls :func:`prepare_batch_stats` before each mini-batch's forward+bac
 
 1. fills per-prompt statistics that depend on the rollout only (QUATRO's REPS λ_q over all G
    responses of the prompt) into ``Sample.group_stats`` when the trainer has not already;
-2. for BAPO (``bapo_scope='mini_batch'``) and QUATRO dual ascent, gets log π_θ of this rank's whole
+2. for BAPO (``bapo.scope='mini_batch'``) and QUATRO dual ascent, gets log π_θ of this rank's whole
    mini-batch at the **current** parameters and reduces the statistics over DP. On the first
    mini-batch of a rollout step the parameters are π_old's, so the recomputed ``old_logprobs`` are
    used as they are (ρ = 1 exactly, checked by ``train.check_first_ratio``); later mini-batches
@@ -67,7 +67,7 @@ def prepare_batch_stats(cfg: LossConfig, samples: Sequence[Sample], plan: MiniBa
     if not needs_current_logprobs(cfg):
         return {}
     # Entropy Advantage needs H at the current parameters, which the recompute did not keep.
-    use_old = at_old_policy and cfg.entropy_adv_coef == 0
+    use_old = at_old_policy and cfg.entropy_adv.coef == 0
     current = {} if use_old else probe()
     if not is_last_stage:
         return {}

@@ -4,7 +4,7 @@ One 2-rank gloo world runs the actor's first two mini-batches (the second one of
 three layouts: TP2 (DP 1) with one or four micro-batches (large / small budget) and TP1 (DP 2) with one
 micro-batch per rank. BAPO's bounds (searched at the current policy over the mini-batch) and QUATRO's
 dual-ascent λ_q (per prompt, over all its tokens) must be the same in all three; so must the loss.
-The per-micro-batch search (official BAPO code, ``bapo_scope='micro_batch'``) is shown to give
+The per-micro-batch search (official BAPO code, ``bapo.scope='micro_batch'``) is shown to give
 other bounds on the same batch, so the check can fail.
 """
 
@@ -18,6 +18,7 @@ import torch
 
 from megatron_maspo.loss.bapo import bapo_search_bounds
 from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.loss.params import BapoParams, QuatroParams
 from tests.distributed import _actor_helpers as H
 from tests.distributed._launch import run_workers
 
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 LAYOUTS = {"dp1_m1": dict(tp=2, budget=512), "dp1_m4": dict(tp=2, budget=24),
            "dp2_m1": dict(tp=1, budget=512)}
-LOSSES = {"bapo": LossConfig(method="bapo", bapo_contribution="gradient_mass", bapo_target_share=0.6),
-          "quatro": LossConfig(method="quatro", quatro_dual_solver="dual_ascent")}
+LOSSES = {"bapo": LossConfig(method="bapo", bapo=BapoParams(contribution="gradient_mass", target_share=0.6)),
+          "quatro": LossConfig(method="quatro", quatro=QuatroParams(dual_solver="dual_ascent"))}
 
 
 def _run(world: int, layout: dict, loss: LossConfig) -> dict:

@@ -11,8 +11,9 @@ from megatron_maspo.loss.group_stats import (
     prompt_group_stats,
     reps_prompt_lambdas,
 )
+from megatron_maspo.loss.params import BapoParams, QuatroParams
 
-REPS = LossConfig(method="quatro", quatro_dual_solver="reps_closed_form")
+REPS = LossConfig(method="quatro", quatro=QuatroParams(dual_solver="reps_closed_form"))
 
 
 def test_reps_lambda_of_whole_group_differs_from_its_halves():
@@ -60,8 +61,8 @@ def test_mini_batch_stats_ignore_token_order():
     pid = torch.randint(0, 5, (t,), generator=g)
     perm = torch.randperm(t, generator=g)
     mask = torch.ones(t, dtype=torch.bool)
-    for cfg in (LossConfig(method="bapo", bapo_contribution="gradient_mass", bapo_target_share=0.6),
-                LossConfig(method="quatro", quatro_dual_solver="dual_ascent")):
+    for cfg in (LossConfig(method="bapo", bapo=BapoParams(contribution="gradient_mass", target_share=0.6)),
+                LossConfig(method="quatro", quatro=QuatroParams(dual_solver="dual_ascent"))):
         a = mini_batch_stats(cfg, logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, prompt_ids=pid,
                              prompts=range(5))
         b = mini_batch_stats(cfg, logprobs=lp[perm], old_logprobs=old[perm], advantages=adv[perm], mask=mask,
