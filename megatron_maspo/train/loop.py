@@ -225,6 +225,9 @@ class Trainer:
                           wandb_project=cfg.logging.wandb_project,
                           config=dataclasses.asdict(cfg), resume_step=self.step)
         printer = StepPrinter(self.rank, tc.steps)
+        from megatron_maspo.train.eval_hook import TrainingEval
+
+        held_out = TrainingEval(cfg, self.tokenizer, is_engine_rank=self.engine is not None)
         try:
             if not self.sft_done and tc.sft_steps > 0:
                 sft_warm_start(self.actor, self.examples, self.tokenizer, cfg, rank=self.rank,
@@ -232,7 +235,9 @@ class Trainer:
                 self.sft_done = True
             self.sync()
             while self.step < tc.steps:
-                metrics = self.train_one_step()
+                # eval/* of θ_step (the weights that generate this step), logged in the same row
+                ev = held_out(self.engine, self.reward_fn) if held_out.due(self.step) else {}
+                metrics = {**self.train_one_step(), **ev}
                 sink.log(metrics, self.step)
                 printer.print(self.step, metrics)
                 self.step += 1
@@ -244,6 +249,9 @@ class Trainer:
                     logger.warning("stopped by signal after step %d; resume with --resume %s",
                                    self.step, self.run_dir)
                     break
+            else:
+                if held_out.due(self.step, final=True):  # the final policy, in its own row
+                    sink.log(held_out(self.engine, self.reward_fn), self.step)
         finally:
             sink.close()
             stop.restore()
