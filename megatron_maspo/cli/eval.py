@@ -58,9 +58,9 @@ def _datasets(cfg, args, tokenizer) -> tuple[dict, dict]:
 def _grader(name: str, cfg):
     """The training reward (math-verify) or the paper's evaluation grader rules (prime_math)."""
     if name == "prime_math":
-        from megatron_maspo.reward.prime_grader import PrimeMathGrader
+        from megatron_maspo.reward.prime_grader import prime_math_reward
 
-        return PrimeMathGrader()
+        return prime_math_reward(cfg.reward)
     from megatron_maspo.reward.math_reward import MathReward
 
     return MathReward(cfg.reward)
