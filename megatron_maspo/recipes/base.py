@@ -38,7 +38,12 @@ DAPO_MATH = "/data/dapo-math-17k/dapo-math-17k.parquet"
 MAX_PROMPT_TOKENS = 1024
 """Prompt budget (our choice; the paper states only the 8192 maximum length)."""
 
-PAPER = "paper"
+DAPO_TEMPLATE = ("Solve the following math problem step by step. The last line of your response should be "
+                 "of the form Answer: $Answer (without quotes) where $Answer is the answer to the problem."
+                 "\n\n{question}\n\nRemember to put your answer on its own line after \"Answer:\".")
+"""DAPO-Math-17k's instruction around each problem. Training prompts come from the dataset as chat lists
+(already wrapped); this template wraps the evaluation benchmarks' bare problems the same way, so
+``maspo eval`` and ``eval.every`` prompt the model as training did. Check it against the mounted file."""
 SETTINGS: dict[str, tuple[object, str]] = {
     # key: (value, source). "paper ..." = stated in arXiv 2602.17550; anything else is a default we chose.
     "data.source": (DAPO_MATH, "paper §5.1 (DAPO-Math-17k)"),
@@ -63,6 +68,7 @@ SETTINGS: dict[str, tuple[object, str]] = {
     "optim.weight_decay": (0.01, "verl default (not stated in the paper)"),
     "optim.clip_grad": (1.0, "verl default (not stated in the paper)"),
     "train.steps": (300, "our choice (not stated in the paper)"),
+    "data.prompt_template": (DAPO_TEMPLATE, "our choice: DAPO-Math-17k's own wrapper, for eval prompts"),
     "loss.grpo.dual_clip_c": (3.0, "verl default clip_ratio_c, under which the paper's baselines ran"),
 }
 """Where each shared value comes from; `paper_config` applies them and a test checks every
