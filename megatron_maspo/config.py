@@ -15,6 +15,7 @@ from pathlib import Path
 
 from megatron_maspo.data.config import DataConfig
 from megatron_maspo.errors import ConfigError, MissingPathError
+from megatron_maspo.eval.config import EvalConfig
 from megatron_maspo.loss.config import LossConfig
 from megatron_maspo.model.config import ModelConfig
 from megatron_maspo.overrides import apply_overrides, from_dict, to_dict
@@ -38,6 +39,7 @@ class MaspoConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         # Cross-section checks; each section validated its own fields already.

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from megatron_maspo.errors import ConfigError
+
 _TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
@@ -25,7 +27,7 @@ def is_target(text: str) -> bool:
 def check_target(text: str, field: str) -> None:
     """Raise a ValueError naming ``field`` unless ``text`` has the ``module:function`` form."""
     if not is_target(text):
-        raise ValueError(f"{field}={text!r}: expected 'module:function', e.g. 'my_rewards:exact_match'")
+        raise ConfigError(f"{field}={text!r}: expected 'module:function', e.g. 'my_rewards:exact_match'")
 
 
 def resolve(text: str, field: str) -> Callable[..., Any]:
@@ -44,9 +46,9 @@ def resolve(text: str, field: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"{field}={text!r}: cannot import module {module_name!r} ({e}); is its folder "
+        raise ConfigError(f"{field}={text!r}: cannot import module {module_name!r} ({e}); is its folder "
                          f"the working directory or on PYTHONPATH?") from e
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"{field}={text!r}: module {module_name!r} has no callable {attr!r}")
+        raise ConfigError(f"{field}={text!r}: module {module_name!r} has no callable {attr!r}")
     return fn

@@ -18,13 +18,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-# Baseline settings follow MASPO §5.1 (clip 0.2; Clip-Higher eps_high 0.265, as MASPO D.1 uses).
+from megatron_maspo.recipes.base import ADV_REWEIGHT, ENTROPY_ADV, ENTROPY_REG_COEF
+
+# Every Table-1 method of MASPO plus entropy regularisation and advantage reweighting, with the same
+# settings as the cluster recipes (megatron_maspo/recipes/base.py): clip 0.2 with verl's dual-clip 3,
+# Clip-Higher ε_high 0.265 (its group default), SAPO with its own seq-mean-token-mean ('auto').
 METHODS = {
     "grpo": ["loss.method=grpo"],
-    "clip_higher": ["loss.method=clip_higher", "loss.eps_high=0.265"],
+    "clip_higher": ["loss.method=clip_higher"],
     "dac": ["loss.method=dac"],
-    "sapo": ["loss.method=sapo"],
+    "entropy_adv": ["loss.method=grpo", f"loss.entropy_adv.coef={ENTROPY_ADV.coef}",
+                    f"loss.entropy_adv.kappa={ENTROPY_ADV.kappa}"],
+    "bapo": ["loss.method=bapo"],
+    "sapo": ["loss.method=sapo", "loss.aggregation=auto"],
     "maspo": ["loss.method=maspo"],
+    "entropy_reg": ["loss.method=grpo", f"loss.entropy_coef={ENTROPY_REG_COEF}"],
+    "adv_reweight": ["loss.method=grpo", f"loss.adv_reweight.alpha={ADV_REWEIGHT[0].alpha}"],
     "quatro": ["loss.method=quatro"],
 }
 

@@ -13,7 +13,7 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None,
                    help="a saved config.yaml (or a run directory holding one) instead of a recipe")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config field, e.g. --set loss.alpha=0.5 (repeatable)")
+                   help="override one config field, e.g. --set loss.maspo.alpha=0.5 (repeatable)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
 
 

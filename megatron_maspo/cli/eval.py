@@ -1,14 +1,19 @@
 """``maspo eval``: Avg@k and unbiased Pass@k of a trained checkpoint, through the rollout engine.
 
-    maspo eval runs/tiny                                  # a fresh synthetic draw, k=8
-    maspo eval runs/qwen7b --data aime24.jsonl --data math500.jsonl --k 32 --max-new-tokens 8192
+    maspo eval runs/tiny                                  # a fresh synthetic draw, Avg@32, Pass@1..32
+    maspo eval runs/qwen7b --benchmarks /data/eval --max-new-tokens 8192   # the paper's six benchmarks
+    maspo eval runs/qwen7b --data aime24.jsonl --temperature 0          # greedy, one sample
     torchrun --nproc-per-node 8 -m megatron_maspo.cli.main eval runs/qwen7b --data aime24.jsonl
 
 Loads the run's config.yaml, builds an inference-only policy (no gradient buffers, optimizer or fp32
 master copy) at the run's layout, loads the latest (or the given)
-checkpoint, syncs it into the engine and samples k responses per problem. Benchmark files are local
-files in any format the data loaders read (AIME / AMC / MATH500 / Minerva / OlympiadBench field names
-are detected). Without ``--data`` a fresh draw of the run's synthetic task (another seed) is used; for
+checkpoint, syncs it into the engine and samples k responses per problem (default 32: the paper's
+Avg@32 and Pass@k for k = 1..32; the JSON report has every k). Benchmark files are local files in any
+format the data loaders read (AIME / AMC / MATH500 / Minerva / OlympiadBench field names are detected);
+``--benchmarks DIR`` finds the six by name (`eval/benchmarks.py`). Prompts get the run's
+``data.prompt_template`` (the training prompt); prompts over ``data.max_prompt_tokens`` are counted,
+reported and scored wrong (``--dropped exclude`` leaves them out of the denominator instead).
+``--temperature 0`` is greedy decoding (k defaults to 1 then). Without ``--data`` a fresh draw of the run's synthetic task (another seed) is used; for
 the single-digit task that draw overlaps the training problems (there are only 100 distinct sums).
 """
 
@@ -28,8 +33,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", default=None, help="checkpoint folder (default: the latest)")
     p.add_argument("--data", action="append", default=[], metavar="FILE",
                    help="benchmark file (jsonl/json/parquet); repeatable; default: a fresh synthetic draw")
-    p.add_argument("--k", type=int, default=8, help="samples per problem (default 8)")
-    p.add_argument("--temperature", type=float, default=None, help="default: the run's rollout temperature")
+    p.add_argument("--benchmarks", default=None, metavar="DIR",
+                   help="folder holding AIME24/AIME25/AMC23/MATH500/Minerva/OlympiadBench files (found by name)")
+    p.add_argument("--k", type=int, default=None, help="samples per problem (default 32; 1 with --temperature 0)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="default: the run's rollout temperature; 0 = greedy")
+    p.add_argument("--grader", choices=("math_verify", "prime_math"), default="math_verify",
+                   help="math_verify: the training reward; prime_math: the paper's evaluation grader rules")
+    p.add_argument("--dropped", choices=("wrong", "exclude"), default="wrong",
+                   help="prompts over the length budget: score them wrong (default) or leave them out")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's max_new_tokens")
     p.add_argument("--num-problems", type=int, default=64, help="synthetic problems drawn (default 64)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
@@ -38,21 +50,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _datasets(cfg, args, tokenizer) -> dict:
-    from megatron_maspo.data.config import DataConfig
-    from megatron_maspo.data.dataset import build_prompt_dataset
+def _datasets(cfg, args, tokenizer) -> tuple[dict, dict]:
+    """``({benchmark: examples}, {benchmark: prompts dropped for length})``, with the training prompt."""
+    from megatron_maspo.eval.datasets import eval_datasets
 
-    if not args.data:
-        redraw = dataclasses.replace(cfg.data, num_examples=args.num_problems, seed=cfg.data.seed + 10_007)
-        return {"synthetic_redraw": build_prompt_dataset(redraw, tokenizer)[0]}
-    out = {}
-    for f in args.data:
-        if not Path(f).exists():
-            raise MissingPathError(f"--data {f}: no such file")
-        dc = DataConfig(source=f, format="eval", apply_chat_template=cfg.data.apply_chat_template,
-                        system_prompt=cfg.data.system_prompt, max_prompt_tokens=cfg.data.max_prompt_tokens)
-        out[Path(f).stem] = build_prompt_dataset(dc, tokenizer)[0]
-    return out
+    return eval_datasets(cfg.data, tokenizer, files=args.data, benchmarks=args.benchmarks,
+                         num_problems=args.num_problems)
+
+
+def _grader(name: str, cfg):
+    """The training reward (math-verify) or the paper's evaluation grader rules (prime_math)."""
+    if name == "prime_math":
+        from megatron_maspo.reward.prime_grader import prime_math_reward
+
+        return prime_math_reward(cfg.reward)
+    from megatron_maspo.reward.math_reward import MathReward
+
+    return MathReward(cfg.reward)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,18 +75,25 @@ def run(args: argparse.Namespace) -> int:
     from megatron_maspo.train.loop import CHECKPOINT_SUBDIR
 
     cfg = resolve_config(None, args.run_dir, args.overrides)
+    greedy = args.temperature == 0
+    args.k = args.k if args.k is not None else (1 if greedy else 32)
     if args.k < 1:
         raise ConfigError(f"--k must be >= 1, got {args.k}")
+    if args.temperature is not None and args.temperature < 0:
+        raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     for f in args.data:
         if not Path(f).exists():
             raise MissingPathError(f"--data {f}: no such file")
+    if args.benchmarks:
+        from megatron_maspo.eval.benchmarks import find_benchmarks
+
+        find_benchmarks(args.benchmarks)  # fail before building the model
     ckpts = list_checkpoints(Path(args.run_dir) / CHECKPOINT_SUBDIR)
     ckpt = args.checkpoint or (ckpts[-1] if ckpts else None)
     if ckpt is None or not Path(ckpt).is_dir():  # before building anything
         raise MissingPathError(f"no checkpoint {ckpt or 'under ' + str(Path(args.run_dir) / CHECKPOINT_SUBDIR)}")
 
     from megatron_maspo.parallel.groups import destroy_parallel, init_parallel
-    from megatron_maspo.reward.math_reward import MathReward
     from megatron_maspo.rollout.types import SamplingParams
     from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
     from megatron_maspo.train.checkpoint import load_checkpoint
@@ -95,15 +116,19 @@ def run(args: argparse.Namespace) -> int:
                      verify_checksums=cfg.rollout.verify_checksums)
         if rank != 0:
             return 0
-        datasets = _datasets(cfg, args, tok)
-        params = SamplingParams(n=args.k, temperature=args.temperature or cfg.rollout.temperature,
+        datasets, dropped = _datasets(cfg, args, tok)
+        temperature = cfg.rollout.temperature if args.temperature is None else args.temperature
+        params = SamplingParams(n=args.k, temperature=temperature,
                                 top_p=cfg.rollout.top_p,
                                 max_tokens=args.max_new_tokens or cfg.rollout.max_new_tokens,
                                 stop_token_ids=[tok.eos_token_id], seed=cfg.train.seed)
         from megatron_maspo.eval.runner import evaluate
 
-        with MathReward(cfg.reward) as grader:
-            report = evaluate(engine, datasets, k=args.k, sampling=params, grader=grader, tokenizer=tok)
+        with _grader(args.grader, cfg) as grader:
+            report = evaluate(engine, datasets, k=args.k, sampling=params, grader=grader, tokenizer=tok,
+                              dropped=dropped, dropped_as_wrong=args.dropped == "wrong")
+        print(f"grader: {args.grader}, temperature: {temperature}, k: {args.k}, "
+              f"dropped (over {cfg.data.max_prompt_tokens} prompt tokens): {report.dropped or 0}")
         print(f"checkpoint: {ckpt}")
         print(report.table())
         if args.json:

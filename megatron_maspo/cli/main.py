@@ -1,7 +1,7 @@
 """``maspo``: one command line with a subcommand per job.
 
     maspo train                       # the tiny recipe on CPU: SFT warm start, then MASPO RL
-    maspo train --recipe r1_distill_qwen_1p5b_maspo --set loss.alpha=0.5
+    maspo train --recipe r1_distill_qwen_1p5b_maspo --set loss.maspo.alpha=0.5
     maspo eval --checkpoint runs/maspo --k 8
     maspo convert hf-to-megatron --hf DIR --out DIR [--tp 2 --pp 2] [--verify]
     maspo plan r1_distill_qwen_7b_maspo --nodes 4 --gpus-per-node 8

@@ -58,13 +58,19 @@ def avg_at_k(num_correct_P: Sequence[int], k: int) -> float:
 
 
 def default_ks(n: int) -> list[int]:
-    """Powers of two up to ``n``, plus ``n`` itself (the Pass@k curve of MASPO Fig. 3)."""
+    """Every budget 1..n: the Pass@k curve of MASPO Fig. 3 / Table 7 (n = 32 there)."""
+    return list(range(1, n + 1))
+
+
+def table_ks(n: int) -> list[int]:
+    """The budgets shown in the console table: powers of two up to ``n``, plus ``n``."""
     ks = [1 << i for i in range(n.bit_length()) if 1 << i <= n]
     return ks if ks[-1] == n else [*ks, n]
 
 
 def summarize(
-    num_correct: Mapping[str, Sequence[int]], n: int, ks: Sequence[int] | None = None
+    num_correct: Mapping[str, Sequence[int]], n: int, ks: Sequence[int] | None = None,
+    dropped: Mapping[str, int] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Per-benchmark metrics and their unweighted mean over benchmarks.
 
@@ -72,6 +78,8 @@ def summarize(
         num_correct: benchmark name -> ``[P]`` correct counts out of ``n``.
         n: samples per problem.
         ks: Pass@k budgets (default: :func:`default_ks`).
+        dropped: benchmark name -> problems not evaluated (prompt over the length budget); reported
+            as ``num_dropped`` (they are in ``num_correct`` already if the caller scores them wrong).
 
     Returns:
         ``{name: {"avg@n": ..., "pass@1": ..., ..., "num_problems": P}, "average": {...}}``; the average
@@ -83,23 +91,32 @@ def summarize(
         row = {f"avg@{n}": avg_at_k(counts, n)}
         row.update({f"pass@{k}": pass_at_k(counts, n, k) for k in ks})
         row["num_problems"] = float(len(counts))
+        row["num_dropped"] = float((dropped or {}).get(name, 0))
         table[name] = row
     if table:
-        keys = [k for k in next(iter(table.values())) if k != "num_problems"]
+        counts_keys = ("num_problems", "num_dropped")
+        keys = [k for k in next(iter(table.values())) if k not in counts_keys]
         avg = {k: math.fsum(r[k] for r in table.values()) / len(table) for k in keys}
-        avg["num_problems"] = float(sum(r["num_problems"] for r in table.values()))
+        for c in counts_keys:
+            avg[c] = float(sum(r[c] for r in table.values()))
         table["average"] = avg
     return table
 
 
-def render_table(summary: Mapping[str, Mapping[str, float]]) -> str:
-    """Markdown table: one row per benchmark (then ``average``), metrics in percent."""
+def render_table(summary: Mapping[str, Mapping[str, float]], ks: Sequence[int] | None = None) -> str:
+    """Markdown table: one row per benchmark (then ``average``), metrics in percent.
+
+    ``ks`` limits the Pass@k columns (the JSON report keeps every k); default: all.
+    """
     if not summary:
         return "(no benchmarks)"
     cols = list(next(iter(summary.values())))
+    if ks is not None:
+        keep = {f"pass@{k}" for k in ks}
+        cols = [c for c in cols if not c.startswith("pass@") or c in keep]
     lines = ["| benchmark | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, row in summary.items():
-        cells = [f"{int(row[c])}" if c == "num_problems" else f"{100 * row[c]:.2f}" for c in cols]
+        cells = [f"{int(row[c])}" if c.startswith("num_") else f"{100 * row[c]:.2f}" for c in cols]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

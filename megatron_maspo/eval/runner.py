@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_maspo.data.example import Example
-from megatron_maspo.eval.metrics import default_ks, render_json, render_table, summarize
+from megatron_maspo.eval.metrics import default_ks, render_json, render_table, summarize, table_ks
 from megatron_maspo.reward.base import RewardFn
 from megatron_maspo.rollout.types import Engine, SamplingParams
 
@@ -38,10 +38,13 @@ class EvalReport:
     """Engine finish reasons over all samples (``stop`` / ``length``): truncation shows up here."""
     seconds: float = 0.0
     """Wall time of the whole evaluation."""
+    dropped: dict[str, int] = field(default_factory=dict)
+    """Benchmark -> problems not generated for (prompt over the length budget); scored as wrong
+    unless ``evaluate(dropped_as_wrong=False)``, so the denominator stays the benchmark's size."""
 
     def table(self) -> str:
-        """Markdown table in percent."""
-        return render_table(self.summary)
+        """Markdown table in percent (Pass@k at powers of two; the JSON has every k)."""
+        return render_table(self.summary, table_ks(self.k))
 
     def to_json(self) -> str:
         """The report as JSON (summary, counts, k, seconds)."""
@@ -63,6 +66,8 @@ def evaluate(
     grader: RewardFn,
     tokenizer: Any,
     pass_ks: Sequence[int] | None = None,
+    dropped: Mapping[str, int] | None = None,
+    dropped_as_wrong: bool = True,
 ) -> EvalReport:
     """Generate ``k`` completions per problem for every benchmark, grade them and aggregate.
 
@@ -73,7 +78,10 @@ def evaluate(
         sampling: temperature, top_p, max_tokens, stop ids and seed.
         grader: scores decoded completions against ``Example.answer``; ``RewardOutput.correct`` is used.
         tokenizer: decodes completion ids (``skip_special_tokens=True``).
-        pass_ks: Pass@k budgets (default: powers of two up to ``k``, and ``k``).
+        pass_ks: Pass@k budgets (default: every k in 1..k, MASPO's Pass@k curve).
+        dropped: benchmark -> problems removed before generation (prompt over the length budget).
+        dropped_as_wrong: score them as 0 of k correct (default), so every benchmark keeps its full
+            denominator; False reports on the evaluated problems only. Either way they are counted.
 
     Returns:
         An :class:`EvalReport`; benchmarks with no examples are skipped with a warning.
@@ -112,14 +120,21 @@ def evaluate(
         out = grader(texts, answers)
         correct = out.correct
         num_correct[name] = [sum(correct[p * k : (p + 1) * k]) for p in range(len(examples))]
+        if dropped_as_wrong:
+            num_correct[name] += [0] * int((dropped or {}).get(name, 0))
         for s in out.statuses:
             statuses[str(s)] = statuses.get(str(s), 0) + 1
         for g in completions_P_G:
             for c in g:
                 finishes[c.finish_reason] = finishes.get(c.finish_reason, 0) + 1
         logger.info("eval %s: %d problems x %d samples graded", name, len(examples), k)
-    summary = summarize(num_correct, k, pass_ks if pass_ks is not None else default_ks(k))
+    lost = {n: int(c) for n, c in (dropped or {}).items() if c}
+    for n, c in lost.items():
+        logger.warning("eval %s: %d problem(s) dropped (prompt over the length budget), scored %s",
+                       n, c, "wrong" if dropped_as_wrong else "as absent")
+    summary = summarize(num_correct, k, pass_ks if pass_ks is not None else default_ks(k), lost)
     return EvalReport(
+        dropped=lost,
         summary=summary,
         num_correct=num_correct,
         k=k,

@@ -8,9 +8,10 @@ step, so that positive-advantage tokens carry at least a share ρ₀ of the (det
     raise c_high by δ₁ (up to b⁺), then c_low by δ₂ (up to b⁻), while P/(P+N) < ρ₀
 
 Every candidate's P and N are computed in one vectorised pass and SUM-reduced over ``dp_group`` in a
-single all-reduce (not one per search step), so all DP ranks pick the same bounds. The search sees the
-tokens of this call only: call it on the whole mini-batch (or pass the DP group) to match the paper's
-"per batch" statistics.
+single all-reduce (not one per search step), so all DP ranks pick the same bounds. The trainer searches
+once per mini-batch at the current policy (`group_stats.mini_batch_stats`, ``bapo.scope='mini_batch'``)
+and passes the bounds in ``ctx.batch_stats``; without them the loss searches on this call's tokens
+(``'micro_batch'``, the official code's behaviour).
 """
 
 from __future__ import annotations
@@ -37,19 +38,20 @@ def bapo_search_bounds(ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tenso
         ratio: [T] ρ (detached inside).
         adv: [T] Â.
         mask: [T] bool, valid tokens.
-        cfg: bapo_* fields (target share, ranges, steps, contribution, order).
+        cfg: uses cfg.bapo (target share, ranges, steps, contribution, order).
         dp_group: if given, candidate sums are SUM-all-reduced over it (one collective).
 
     Returns:
         (c_low, c_high, share) with share the positive share reached at the returned bounds.
     """
+    p = cfg.bapo
     r = ratio.detach()
     a_abs = adv.detach().abs() * mask
     pos, neg = (adv > 0) & mask, (adv < 0) & mask
-    highs = _grid(*cfg.bapo_high_range, cfg.bapo_step_high, r)
-    lows = _grid(*cfg.bapo_low_range, cfg.bapo_step_low, r)
+    highs = _grid(*p.high_range, p.step_high, r)
+    lows = _grid(*p.low_range, p.step_low, r)
     p_k = (torch.where(pos, a_abs, 0)[:, None] * torch.minimum(r[:, None], highs)).sum(0)
-    if cfg.bapo_contribution == "loss_value":
+    if p.contribution == "loss_value":
         n_j = (torch.where(neg, a_abs, 0)[:, None] * torch.maximum(r[:, None], lows)).sum(0)
     else:  # gradient_mass: only negatives that still carry gradient (ρ ≥ c_low) count
         n_j = (torch.where(neg, a_abs * r, 0)[:, None] * (r[:, None] >= lows)).sum(0)
@@ -63,17 +65,17 @@ def bapo_search_bounds(ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tenso
         return 1.0 if tot <= 0 else p_k[i] / tot
 
     i = j = 0
-    while share(i, j) < cfg.bapo_target_share and j + 1 < len(lows):
-        if cfg.bapo_order == "high_first":
+    while share(i, j) < p.target_share and j + 1 < len(lows):
+        if p.order == "high_first":
             if i + 1 < len(highs):
                 i += 1
             else:
                 j += 1
         elif j + 1 < len(lows):
             j += 1
-    if cfg.bapo_order == "low_first":
+    if p.order == "low_first":
         # Official code: after c_low is exhausted, raise c_high.
-        while share(i, j) < cfg.bapo_target_share and i + 1 < len(highs):
+        while share(i, j) < p.target_share and i + 1 < len(highs):
             i += 1
     return float(lows[j]), float(highs[i]), share(i, j)
 
@@ -82,8 +84,11 @@ def bapo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, ad
          ctx: TokenContext) -> MethodOutput:
     """BAPO per-token loss: PPO-clip(c_low, c_high) with the searched bounds (+ optional dual-clip)."""
     ratio = torch.exp(clamped_log_ratio(logprobs, old_logprobs, cfg.log_ratio_clamp))
-    c_low, c_high, share = bapo_search_bounds(ratio, adv, ctx.mask, cfg, ctx.dp_group)
-    loss, w = ppo_clip_loss(ratio, adv, c_low, c_high, cfg.dual_clip_c)
-    extras = {k: torch.tensor(v, dtype=ratio.dtype, device=ratio.device)
-              for k, v in (("bapo/c_low", c_low), ("bapo/c_high", c_high), ("bapo/pos_share", share))}
-    return MethodOutput(loss=loss, weight=w, ratio=ratio.detach(), extras=extras)
+    keys = ("bapo/c_low", "bapo/c_high", "bapo/pos_share")
+    if keys[0] in ctx.batch_stats:  # searched once over the whole mini-batch (no host sync here)
+        vals = [ctx.batch_stats[k].to(device=ratio.device, dtype=ratio.dtype) for k in keys]
+    else:
+        found = bapo_search_bounds(ratio, adv, ctx.mask, cfg, ctx.dp_group)
+        vals = [torch.tensor(v, dtype=ratio.dtype, device=ratio.device) for v in found]
+    loss, w = ppo_clip_loss(ratio, adv, vals[0], vals[1], cfg.bapo.dual_clip_c)
+    return MethodOutput(loss=loss, weight=w, ratio=ratio.detach(), extras=dict(zip(keys, vals)))

@@ -26,12 +26,16 @@ class TokenContext:
         seq_ids: [T] int64 or None, response index of each token.
         prompt_ids: [T] int64 or None, prompt (group) index of each token.
         dp_group: process group or None; BAPO SUM-reduces its candidate sums over it.
+        batch_stats: statistics computed before this call over whole groups / the whole mini-batch
+            (`group_stats.py`): 0-d ``bapo/c_low``, ``bapo/c_high``, ``bapo/pos_share``; [T]
+            ``quatro/lambda``. When present they replace the per-call search / solve.
     """
 
     mask: torch.Tensor
     seq_ids: torch.Tensor | None = None
     prompt_ids: torch.Tensor | None = None
     dp_group: dist.ProcessGroup | None = None
+    batch_stats: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)

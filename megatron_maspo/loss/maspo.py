@@ -13,7 +13,7 @@ and mass-adaptive, risk-adjusted widths (§4.2, App. A.3)
     σ_neg = m · clip(1 / (1 - β_low·Â), 0.1, 10)
 
 ``F`` is detached, so ``∇loss = -F·ρ·Â·∇log π_θ`` (w = F). No hard clip, no dual-clip: an optional
-``maspo_safety_cap`` (off by default) zeroes Â<0 tokens with ρ > c, which the paper leaves ungated.
+``maspo.safety_cap`` (off by default) zeroes Â<0 tokens with ρ > c, which the paper leaves ungated.
 """
 
 from __future__ import annotations
@@ -31,19 +31,20 @@ def maspo_sigmas(old_logprobs: torch.Tensor, adv: torch.Tensor, cfg: LossConfig
     Args:
         old_logprobs: [T] log π_old of the sampled token (temperature-scaled, trainer-recomputed).
         adv: [T] Â.
-        cfg: uses sigma_base, alpha, sigma_cap, beta_high, beta_low, risk_min, risk_max.
+        cfg: uses cfg.maspo (sigma_base, alpha, sigma_cap, beta_high, beta_low, risk_min, risk_max).
 
     Returns:
         (mass m, σ_pos, σ_neg, cap_hit): cap_hit is a bool [T], True where σ_cap bounds m.
     """
     # Log space: p_old = 0 (log = -inf) gives +inf -> capped, never 1/0.
-    raw = cfg.sigma_base * torch.exp(-cfg.alpha * old_logprobs.detach())
-    mass = torch.clamp(raw, max=cfg.sigma_cap)
-    s_pos = mass * torch.clamp(1.0 + cfg.beta_high * adv, cfg.risk_min, cfg.risk_max)
+    p = cfg.maspo
+    raw = p.sigma_base * torch.exp(-p.alpha * old_logprobs.detach())
+    mass = torch.clamp(raw, max=p.sigma_cap)
+    s_pos = mass * torch.clamp(1.0 + p.beta_high * adv, p.risk_min, p.risk_max)
     # σ_neg is only used where Â < 0; elsewhere 1 - β_low·Â may reach 0, so substitute 1.
-    denom = torch.where(adv < 0, 1.0 - cfg.beta_low * adv, torch.ones_like(adv))
-    s_neg = mass * torch.clamp(1.0 / denom, cfg.risk_min, cfg.risk_max)
-    return mass, s_pos, s_neg, raw >= cfg.sigma_cap
+    denom = torch.where(adv < 0, 1.0 - p.beta_low * adv, torch.ones_like(adv))
+    s_neg = mass * torch.clamp(1.0 / denom, p.risk_min, p.risk_max)
+    return mass, s_pos, s_neg, raw >= p.sigma_cap
 
 
 def maspo_gate(ratio: torch.Tensor, adv: torch.Tensor, s_pos: torch.Tensor, s_neg: torch.Tensor
@@ -66,7 +67,7 @@ def maspo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, a
     ratio = torch.exp(clamped_log_ratio(logprobs, old_logprobs, cfg.log_ratio_clamp))
     mass, s_pos, s_neg, cap_hit = maspo_sigmas(old_logprobs, adv, cfg)
     gate = maspo_gate(ratio, adv, s_pos, s_neg)
-    loss, w = dual_clip(-gate * ratio * adv, gate, ratio.detach(), adv, cfg.maspo_safety_cap)
+    loss, w = dual_clip(-gate * ratio * adv, gate, ratio.detach(), adv, cfg.maspo.safety_cap)
     sigma = torch.where(adv > 0, s_pos, torch.where(adv < 0, s_neg, mass))
     return MethodOutput(loss=loss, weight=w, ratio=ratio.detach(),
                         extras={"maspo/sigma": sigma, "maspo/cap_hit": cap_hit})

@@ -16,9 +16,9 @@ import logging
 import torch
 import torch.distributed as dist
 
-from megatron_maspo.loss.advantages import entropy_advantage, reweight_advantage
 from megatron_maspo.loss.base import TokenContext
 from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.loss.group_stats import effective_advantages
 from megatron_maspo.loss.kl import approx_kl_old_new, kl_to_reference, tis_weight
 from megatron_maspo.loss.metrics import gate_metrics
 from megatron_maspo.loss.reduce import aggregate
@@ -51,7 +51,8 @@ def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: t
                         entropy: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None,
                         rollout_logprobs: torch.Tensor | None = None,
                         prompt_ids: torch.Tensor | None = None,
-                        dp_group: dist.ProcessGroup | None = None
+                        dp_group: dist.ProcessGroup | None = None,
+                        batch_stats: dict[str, torch.Tensor] | None = None
                         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """This micro-batch's share of the aggregated policy loss, and its detached metrics.
 
@@ -70,6 +71,9 @@ def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: t
         rollout_logprobs: [T] rollout-engine log-probs (needed when tis_cap is set).
         prompt_ids: [T] int64 prompt index per token (QUATRO's per-prompt duals).
         dp_group: DP group for BAPO's bound search (one all-reduce), or None.
+        batch_stats: statistics over whole groups / the whole mini-batch computed before this call
+            (`group_stats.py`): 0-d ``bapo/{c_low,c_high,pos_share}``, [T] ``quatro/lambda``. They
+            replace BAPO's per-call search and QUATRO's per-call λ_q.
 
     Returns:
         (loss, metrics): loss is 0-d; summing it over micro-batches and SUM-reducing gradients over
@@ -84,8 +88,8 @@ def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: t
     check_token_inputs(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
                        seq_ids=seq_ids, entropy=entropy, ref_logprobs=ref_logprobs,
                        rollout_logprobs=rollout_logprobs, prompt_ids=prompt_ids)
-    needs = {"entropy": (cfg.entropy_coef > 0 or cfg.entropy_adv_coef > 0, entropy,
-                         "entropy_coef / entropy_adv_coef > 0"),
+    needs = {"entropy": (cfg.entropy_coef > 0 or cfg.entropy_adv.coef > 0, entropy,
+                         "entropy_coef / entropy_adv.coef > 0"),
              "ref_logprobs": (cfg.kl_coef > 0, ref_logprobs, "kl_coef > 0"),
              "rollout_logprobs": (cfg.tis_cap is not None, rollout_logprobs, "tis_cap is set")}
     for name, (needed, t, why) in needs.items():
@@ -100,12 +104,12 @@ def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: t
         "logprobs": logprobs, "old_logprobs": old_logprobs, "advantages": advantages,
         "entropy": entropy, "ref_logprobs": ref_logprobs, "rollout_logprobs": rollout_logprobs})
     lp, old, adv = t["logprobs"], t["old_logprobs"].detach(), t["advantages"].detach()
-    if cfg.entropy_adv_coef > 0:
-        adv = entropy_advantage(adv, t["entropy"], cfg.entropy_adv_coef, cfg.entropy_adv_kappa)
-    if cfg.adv_reweight_alpha > 0:
-        adv = reweight_advantage(adv, old, cfg.adv_reweight_alpha)
-
-    ctx = TokenContext(mask=mask, seq_ids=seq_ids, prompt_ids=prompt_ids, dp_group=dp_group)
+    adv = effective_advantages(cfg, adv, old, t["entropy"])
+    stats = dict(batch_stats or {})
+    if "quatro/lambda" in stats:
+        check_token_inputs(logprobs=logprobs, **{"quatro/lambda": stats["quatro/lambda"]})
+    ctx = TokenContext(mask=mask, seq_ids=seq_ids, prompt_ids=prompt_ids, dp_group=dp_group,
+                       batch_stats=stats)
     out = surrogate(cfg, lp, old, adv, ctx)
     pg = out.loss
     metrics: dict[str, torch.Tensor] = {}
@@ -117,7 +121,7 @@ def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: t
         metrics["tis/truncated_frac"] = ((tis >= cfg.tis_cap).to(m.dtype) * m).sum() / n_glob
 
     def agg(x: torch.Tensor) -> torch.Tensor:
-        return aggregate(x, mask, cfg.aggregation, num_tokens_global=n_glob,
+        return aggregate(x, mask, cfg.effective_aggregation, num_tokens_global=n_glob,
                          num_seqs_global=num_seqs_global, seq_ids=seq_ids,
                          norm_constant=cfg.norm_constant)
 

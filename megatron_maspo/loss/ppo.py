@@ -41,8 +41,9 @@ def grpo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, ad
 
     Used for both 'grpo' (ε_low = ε_high = ε) and 'clip_higher' (DAPO's decoupled ε's, §5).
     """
+    p = cfg.params  # cfg.grpo or cfg.clip_higher
     ratio = torch.exp(clamped_log_ratio(logprobs, old_logprobs, cfg.log_ratio_clamp))
-    loss, w = ppo_clip_loss(ratio, adv, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high, cfg.dual_clip_c)
+    loss, w = ppo_clip_loss(ratio, adv, 1.0 - p.eps_low, 1.0 + p.eps_high, p.dual_clip_c)
     return MethodOutput(loss=loss, weight=w, ratio=ratio.detach())
 
 
@@ -66,8 +67,9 @@ def dac(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv
         ctx: TokenContext) -> MethodOutput:
     """DAC: PPO-clip with bounds [L(p_old), U(p_old)] (DCPO; loss-formulas.md §6)."""
     ratio = torch.exp(clamped_log_ratio(logprobs, old_logprobs, cfg.log_ratio_clamp))
-    low, high = dac_bounds(old_logprobs, cfg.eps_low, cfg.eps_high, cfg.dac_upper_cap, cfg.p_old_floor)
-    loss, w = ppo_clip_loss(ratio, adv, low, high, cfg.dual_clip_c)
+    p = cfg.dac
+    low, high = dac_bounds(old_logprobs, p.eps_low, p.eps_high, p.upper_cap, p.p_old_floor)
+    loss, w = ppo_clip_loss(ratio, adv, low, high, p.dual_clip_c)
     return MethodOutput(loss=loss, weight=w, ratio=ratio.detach(),
                         extras={"dac/low": low, "dac/high": high})
 
@@ -79,7 +81,7 @@ def cispo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, a
     No token is dropped; ``w = clip(ρ)/ρ``. The forward value uses log π_θ as in the paper/verl.
     """
     r = torch.exp(clamped_log_ratio(logprobs, old_logprobs, cfg.log_ratio_clamp).detach())
-    clipped = torch.clamp(r, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    clipped = torch.clamp(r, 1.0 - cfg.cispo.eps_low, 1.0 + cfg.cispo.eps_high)
     # ρ only enters detached here, so the log-ratio clamp changes nothing but the logged ratio.
     loss = -clipped * adv * logprobs
     return MethodOutput(loss=loss, weight=clipped / r, ratio=r)
@@ -94,9 +96,10 @@ def gppo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, ad
     """
     ratio = torch.exp(clamped_log_ratio(logprobs, old_logprobs, cfg.log_ratio_clamp))
     r = ratio.detach()
-    low, high = 1.0 - cfg.eps_low, 1.0 + cfg.eps_high
+    p = cfg.gppo
+    low, high = 1.0 - p.eps_low, 1.0 + p.eps_high
     w = torch.ones_like(r)
-    w = torch.where((adv < 0) & (r < low), cfg.gppo_beta_low * low / r, w)
-    w = torch.where((adv > 0) & (r > high), cfg.gppo_beta_high * high / r, w)
-    loss, w = dual_clip(-w * ratio * adv, w, r, adv, cfg.dual_clip_c)
+    w = torch.where((adv < 0) & (r < low), p.beta_low * low / r, w)
+    w = torch.where((adv > 0) & (r > high), p.beta_high * high / r, w)
+    loss, w = dual_clip(-w * ratio * adv, w, r, adv, p.dual_clip_c)
     return MethodOutput(loss=loss, weight=w, ratio=r)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, is_dataclass, replace
 
 import torch
 
@@ -77,9 +77,10 @@ def token_losses(method: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor
         logprobs: [T] float, log π_θ of the sampled tokens; the only input that carries gradient.
         old_logprobs: [T] float, log π_old (detached inside).
         advantages: [T] float, Â per token (detached inside).
-        **params: LossConfig fields (eps_low, eps_high, sigma_base, alpha, beta_high, beta_low,
-            tau_pos, tau_neg, ...); ``mask``, ``seq_ids``, ``prompt_ids`` and ``dp_group`` are also
-            accepted for BAPO / QUATRO statistics.
+        **params: fields of the method's parameter group (``LossConfig.<method>``: e.g. alpha,
+            beta_high for 'maspo'; eps_low, eps_high, dual_clip_c for 'grpo') or scalar LossConfig
+            fields (log_ratio_clamp); ``mask``, ``seq_ids``, ``prompt_ids`` and ``dp_group`` are
+            also accepted for BAPO / QUATRO statistics.
 
     Returns:
         [T] loss; all tokens count as valid unless ``mask`` is passed.
@@ -87,14 +88,21 @@ def token_losses(method: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor
     Raises:
         ValueError: unknown method or parameter, bad value, shape mismatch, non-finite input.
     """
-    ctx_keys = {"mask", "seq_ids", "prompt_ids", "dp_group"}
-    names = {f.name for f in fields(LossConfig)}
-    unknown = sorted(set(params) - names - ctx_keys - {"method"})
-    if unknown:
-        raise ValueError(f"unknown loss parameter(s) {unknown}; accepted: {sorted(names - {'method'})}")
     if method not in METHOD_REGISTRY:
         raise ValueError(f"unknown method {method!r}; registered: {sorted(METHOD_REGISTRY)}")
-    cfg = LossConfig(method=method, **{k: v for k, v in params.items() if k in names})
+    ctx_keys = {"mask", "seq_ids", "prompt_ids", "dp_group"}
+    default = LossConfig()
+    group_cls = type(getattr(default, method))
+    own = {f.name for f in fields(group_cls)}
+    top = {f.name for f in fields(LossConfig)
+           if f.name != "method" and not is_dataclass(getattr(default, f.name))}
+    unknown = sorted(set(params) - own - top - ctx_keys)
+    if unknown:
+        raise ValueError(f"unknown loss parameter(s) {unknown} for {method!r}; accepted: "
+                         f"{sorted(own)} (loss.{method}.*) and {sorted(top)}")
+    # start from LossConfig's group for this method: its defaults are the method's own
+    group = replace(getattr(default, method), **{k: v for k, v in params.items() if k in own})
+    cfg = LossConfig(method=method, **{method: group}, **{k: v for k, v in params.items() if k in top})
     mask = params.get("mask")
     check_token_inputs(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
                        mask=mask, seq_ids=params.get("seq_ids"), prompt_ids=params.get("prompt_ids"))

@@ -23,6 +23,6 @@ def sapo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, ad
          ctx: TokenContext) -> MethodOutput:
     """SAPO per-token loss ``-(4/τ)·σ(τ(ρ-1))·Â``; [T]."""
     ratio = torch.exp(clamped_log_ratio(logprobs, old_logprobs, cfg.log_ratio_clamp))
-    tau = torch.where(adv > 0, cfg.tau_pos, cfg.tau_neg).to(ratio.dtype)
+    tau = torch.where(adv > 0, cfg.sapo.tau_pos, cfg.sapo.tau_neg).to(ratio.dtype)
     loss = -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * adv
     return MethodOutput(loss=loss, weight=sapo_weight(ratio, tau), ratio=ratio.detach())

@@ -37,6 +37,7 @@ from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
 from megatron_maspo.parallel.groups import ParallelGroups, default_device
 from megatron_maspo.train import faults
+from megatron_maspo.train.batch_stats import prepare_batch_stats
 from megatron_maspo.train.forward import (
     MicroBatchInputs,
     StepContext,
@@ -114,6 +115,7 @@ class MegatronActor:
         self.phase: Callable[[str], contextlib.AbstractContextManager] = lambda name: contextlib.nullcontext()
         self.offloader: Any = None
         self._old_from_forward = False  # see reuses_forward_logprobs
+        self._at_old_policy = False  # parameters still equal π_old's (ρ = 1): set by the recompute
 
     # ------------------------------------------------------------------ planning
     def plan(self, samples: Sequence[Sample]) -> tuple[list[MiniBatchPlan], list[int], PackStats]:
@@ -134,8 +136,13 @@ class MegatronActor:
                      for k, t in token_inputs(samples, mb).items()}
         from megatron_maspo.model.packed_attention import build_packed_seq_params  # megatron: lazy
 
+        n_tok = torch.tensor(mb.resp_lens, dtype=torch.long)
+        grp = {k: torch.repeat_interleave(torch.tensor([float(samples[i].group_stats[k]) for i in mb.sample_index],
+                                                       dtype=torch.float32), n_tok).to(dev)
+               for k in sorted({k for i in mb.sample_index for k in samples[i].group_stats})}
         dense = self.opts.attention_backend == "dense_mask"
         return MicroBatchInputs(
+            group_stats=grp,
             tokens=mb.tokens.view(1, -1).to(dev), position_ids=mb.position_ids.view(1, -1).to(dev),
             attention_mask=block_causal_mask(mb.seq_lens, dev) if dense else None,
             packed_seq_params=None if dense else build_packed_seq_params(cu_seqlens(mb.seq_lens), dev),
@@ -213,8 +220,8 @@ class MegatronActor:
             raise ValueError("ranks received different rollout batches; every rank must get the "
                              "identical global list of samples")
 
-    def _loss_fn(self, plan: MiniBatchPlan, mb: MicroBatchInputs, lp: torch.Tensor,
-                 ent: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _loss_fn(self, plan: MiniBatchPlan, stats: dict[str, torch.Tensor], mb: MicroBatchInputs,
+                 lp: torch.Tensor, ent: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # Inside Megatron's schedule nothing may raise on one rank alone: non-finite inputs are masked
         # and counted here; optimizer_step agrees on the count over all ranks, then raises or skips.
         lcfg = self.cfg.loss if self.cfg.loss.nonfinite == "mask" else \
@@ -228,12 +235,16 @@ class MegatronActor:
             num_tokens_global=plan.num_tokens_global, num_seqs_global=plan.num_seqs_global,
             seq_ids=mb.seq_ids, entropy=ent, ref_logprobs=mb.ref_logprobs,
             rollout_logprobs=mb.rollout_logprobs, prompt_ids=mb.prompt_ids,
-            dp_group=self.groups.dp_group)
+            dp_group=self.groups.dp_group, batch_stats={**stats, **mb.group_stats})
 
     def reuses_forward_logprobs(self, plans: list[MiniBatchPlan]) -> bool:
         """True when the old-log-prob recompute provably equals the training forward (one mini-batch:
-        no optimizer step between them) and ``train.check_first_ratio`` does not ask to verify it."""
-        return len(plans) == 1 and not self.cfg.train.check_first_ratio
+        no optimizer step between them), ``train.check_first_ratio`` does not ask to verify it and no
+        mini-batch statistic (BAPO's bounds, QUATRO's dual ascent) needs π_old before the forward."""
+        from megatron_maspo.loss.group_stats import needs_current_logprobs
+
+        return (len(plans) == 1 and not self.cfg.train.check_first_ratio
+                and not needs_current_logprobs(self.cfg.loss))
 
     def fill_old_logprobs(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *,
                           policy: bool = True) -> None:
@@ -249,14 +260,19 @@ class MegatronActor:
             if needed:  # always: every PP stage must join the schedule, whatever the samples hold
                 for i, (lp, _) in self._logprobs_local(samples, plans, model=which).items():
                     setattr(samples[i], name, lp)
+        self._at_old_policy = True
 
     def forward_backward(self, samples: Sequence[Sample], plan: MiniBatchPlan) -> StepContext:
         """Zero the grads, run one mini-batch forward+backward; grads end DP-reduced and ÷N_glob."""
         for c in self.chunks:
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
+        stats = prepare_batch_stats(  # whole-group / whole-mini-batch statistics (BAPO, QUATRO)
+            self.cfg.loss, samples, plan, at_old_policy=self._at_old_policy,
+            probe=lambda: self._logprobs_local(samples, [plan], model="policy"),
+            is_last_stage=self.groups.is_last_stage, dp_group=self.groups.dp_group, device=self.device)
         ctx = self._context()
-        ctx.loss_fn = partial(self._loss_fn, plan)
+        ctx.loss_fn, ctx.batch_stats = partial(self._loss_fn, plan, stats), stats
         ctx.num_tokens_global = plan.num_tokens_global
         self._run(self.chunks, [self._inputs(samples, mb) for mb in plan.micro_batches], ctx,
                   forward_only=False)
@@ -292,6 +308,7 @@ class MegatronActor:
         lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step(increment=1)
         self.steps_done += 1
+        self._at_old_policy = False
         return {"actor/step_skipped": 0.0 if ok else 1.0, "actor/grad_norm": float(grad_norm or 0.0),
                 "actor/lr": float(lr)}
 

@@ -100,6 +100,8 @@ class MicroBatchInputs:
     ref_logprobs: torch.Tensor | None = None
     rollout_logprobs: torch.Tensor | None = None
     packed_seq_params: Any = None
+    group_stats: dict[str, torch.Tensor] = field(default_factory=dict)
+    """[T] per-token values of ``Sample.group_stats`` (e.g. ``quatro/lambda``)."""
 
 
 @dataclass
@@ -119,6 +121,7 @@ class StepContext:
             ``tp_group`` (TE spec at TP > 1): gather only the response rows.
         metrics: summed metrics (pre-divided by the global count).
         loss_finite: False once any micro-batch gave a non-finite loss.
+        batch_stats: the mini-batch statistics every loss call received (BAPO's bounds).
     """
 
     tp_group: Any
@@ -132,6 +135,7 @@ class StepContext:
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     loss_finite: bool = True
     sequence_parallel: bool = False
+    batch_stats: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def make_forward_step(ctx: StepContext) -> Callable:

@@ -29,6 +29,7 @@ import torch
 
 from megatron_maspo.config import MaspoConfig, save_config
 from megatron_maspo.loss.advantages import compute_advantages
+from megatron_maspo.loss.group_stats import prompt_group_stats
 from megatron_maspo.parallel import comm
 from megatron_maspo.rollout.types import SamplingParams
 from megatron_maspo.train import faults
@@ -174,6 +175,8 @@ class Trainer:
     def build_samples(self, groups: list[PromptGroup]) -> list[Sample]:
         """One ``Sample`` per kept response, with its group advantage ``adv[P, G]`` (same on every rank)."""
         adv = compute_advantages(self.cfg.loss, rewards_tensor(groups))
+        # per-prompt statistics over all G responses, before any filtering or packing
+        pstats = prompt_group_stats(self.cfg.loss, adv)
         samples = []
         for p, g in enumerate(groups):
             for j, c in enumerate(g.completions_G):
@@ -183,7 +186,8 @@ class Trainer:
                                       advantage=float(adv[p, j]), prompt_index=p,
                                       rollout_logprobs=list(c.logprobs),
                                       policy_version=c.policy_version + self._engine_version_offset,
-                                      reward=g.rewards_G[j], finish_reason=c.finish_reason))
+                                      reward=g.rewards_G[j], finish_reason=c.finish_reason,
+                                      group_stats=dict(pstats[p])))
         return samples
 
     def _mismatch(self, samples: list[Sample]) -> dict[str, float]:
@@ -250,6 +254,9 @@ class Trainer:
         printer = StepPrinter(self.rank, tc.steps)
         self.progress = Progress(total=tc.steps, initial=self.step,
                                  enabled=self.rank == 0 and cfg.logging.progress)
+        from megatron_maspo.train.eval_hook import TrainingEval
+
+        held_out = TrainingEval(cfg, self.tokenizer, is_engine_rank=self.engine is not None)
         try:
             self.progress.open()
             if not self.sft_done and tc.sft_steps > 0:
@@ -259,6 +266,8 @@ class Trainer:
             self.sync()
             self.progress.begin_steps()
             while self.step < tc.steps:
+                if held_out.due(self.step):  # eval/* of θ after self.step updates: its own row
+                    sink.log(held_out(self.engine, self.reward_fn), self.step)
                 metrics = self.train_one_step()
                 # Steps count from 1 everywhere: "step k/N" on the console, "step": k in metrics.jsonl
                 # and TensorBoard, and checkpoints/step_k after it are all the state after k updates.
@@ -273,6 +282,9 @@ class Trainer:
                     logger.warning("stopped by signal after step %d; resume with --resume %s",
                                    self.step, self.run_dir)
                     break
+            else:
+                if held_out.due(self.step, final=True):  # the final policy, in its own row
+                    sink.log(held_out(self.engine, self.reward_fn), self.step)
         finally:
             self.progress.close()
             sink.close()

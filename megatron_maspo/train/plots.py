@@ -1,4 +1,4 @@
-"""PNG plots of a run's metrics.jsonl: reward, entropy, response length and gate statistics."""
+"""PNG plots of a run's metrics.jsonl: reward, entropy, response length, gate statistics, held-out accuracy."""
 
 from __future__ import annotations
 
@@ -51,6 +51,22 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     fig.savefig(p, dpi=110)
     plt.close(fig)
     written.append(p)
+    eval_keys = sorted({k for r in recs for k in r if k.startswith("eval/") and "/avg@" in k})
+    if eval_keys:  # held-out accuracy over steps (eval.every)
+        fig, ax = plt.subplots(figsize=(6.5, 3.6))
+        for k in eval_keys:
+            pts = [(r["step"], r[k]) for r in recs if r.get(k) is not None]
+            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", ms=3, label=k[5:], lw=1.2)
+        ax.set_xlabel("rollout step")
+        ax.set_ylabel("%")
+        ax.set_title("held-out accuracy", fontsize=9)
+        ax.legend(fontsize=6)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        p = out_dir / "eval.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
     if gate_keys:
         fig, ax = plt.subplots(figsize=(6.5, 3.6))
         for k in gate_keys:

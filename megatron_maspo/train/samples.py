@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +36,9 @@ class Sample:
     """[L'] fp32: log π_old of the trained response tokens (L' <= L after truncation); actor-filled."""
     ref_logprobs: torch.Tensor | None = None
     """[L'] fp32: log π_ref of the trained response tokens; actor-filled when a reference exists."""
+    group_stats: dict[str, float] = field(default_factory=dict)
+    """Per-prompt loss statistics computed over the whole group before packing (e.g.
+    ``quatro/lambda``); the actor broadcasts each to the response's tokens (`train/batch_stats.py`)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

@@ -132,3 +132,34 @@ def test_sigterm_checkpoints_and_sigkill_loses_only_recent_steps(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     steps = [r["step"] for r in _metrics(run_dir)]
     assert steps == list(range(1, last + 2)), steps
+
+
+@pytest.mark.slow
+def test_eval_every_writes_eval_rows_and_plot(tmp_path):
+    """``eval.every=N``: held-out Avg@k / Pass@k rows for θ_0, θ_N, ... and the final policy, plus eval.png."""
+    run = tmp_path / "ev"
+    sets = [*MICRO, "train.steps=2", "eval.every=1", "eval.k=2", "eval.num_problems=3", "logging.plots=true",
+            f"checkpoint.run_dir={run}"]
+    out = _run(sets=sets, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = _metrics(run)
+    evals = [r for r in rows if "eval/average/avg@2" in r]
+    assert [r["step"] for r in evals] == [0, 1, 2]  # θ after 0, 1 and 2 updates, each its own row
+    for r in evals:
+        assert 0.0 <= r["eval/synthetic_redraw/avg@2"] <= r["eval/synthetic_redraw/pass@2"] <= 1.0
+        assert r["eval/synthetic_redraw/dropped"] == 0.0
+    assert all("reward/mean" not in r for r in evals)  # eval rows are their own rows
+    assert (run / "plots" / "eval.png").stat().st_size > 0
+    # maspo eval with no --k: the paper's Avg@32 and Pass@1..32 (table at powers of two, JSON every k)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    base = [sys.executable, "-m", "megatron_maspo.cli.main", "eval", str(run), "--num-problems", "2"]
+    ev = subprocess.run([*base, "--json", str(tmp_path / "e.json")], capture_output=True, text=True,
+                        timeout=900, env=env)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    summary = json.loads((tmp_path / "e.json").read_text())["summary"]["synthetic_redraw"]
+    assert "avg@32" in summary and [f"pass@{j}" for j in range(1, 33)] == sorted(
+        (c for c in summary if c.startswith("pass@")), key=lambda c: int(c[5:]))
+    assert "avg@32" in ev.stdout and "pass@16" in ev.stdout
+    greedy = subprocess.run([*base, "--temperature", "0"], capture_output=True, text=True, timeout=600, env=env)
+    assert greedy.returncode == 0, greedy.stderr[-3000:]
+    assert "temperature: 0.0, k: 1" in greedy.stdout and "avg@1" in greedy.stdout

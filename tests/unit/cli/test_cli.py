@@ -29,11 +29,13 @@ def test_help_lists_only_registered_subcommands():
 
 
 def test_print_config_and_bad_set():
-    ok = _run("train", "--print-config", "--set", "loss.alpha=0.5")
+    ok = _run("train", "--print-config", "--set", "loss.maspo.alpha=0.5")
     assert ok.returncode == 0, ok.stderr
     assert "alpha: 0.5" in ok.stdout
-    bad = _run("train", "--print-config", "--set", "loss.alpah=0.5")
-    assert bad.returncode == 2 and "loss.alpah" in bad.stderr and "accepts" in bad.stderr
+    bad = _run("train", "--print-config", "--set", "loss.maspo.alpah=0.5")
+    assert bad.returncode == 2 and "loss.maspo.alpah" in bad.stderr and "accepts" in bad.stderr
+    ch = _run("train", "--print-config", "--set", "loss.method=clip_higher")
+    assert ch.returncode == 0 and "eps_high: 0.265" in ch.stdout
     bad = _run("train", "--print-config", "--set", "rollout.engine=sglang")
     assert bad.returncode == 2 and "accepted: ['builtin', 'vllm']" in bad.stderr
     bad = _run("train", "--recipe", "nope")

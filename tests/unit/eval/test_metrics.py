@@ -15,6 +15,7 @@ from megatron_maspo.eval.metrics import (
     render_json,
     render_table,
     summarize,
+    table_ks,
 )
 
 
@@ -56,11 +57,14 @@ def test_avg_at_k_and_summary() -> None:
     assert avg_at_k([1, 3], 4) == pytest.approx(pass_at_k([1, 3], 4, 1))  # Avg@k = unbiased pass@1
     with pytest.raises(ValueError, match="c <= k"):
         avg_at_k([5], 4)
-    assert default_ks(32) == [1, 2, 4, 8, 16, 32] and default_ks(6) == [1, 2, 4, 6]
+    assert default_ks(32) == list(range(1, 33)) and default_ks(6) == [1, 2, 3, 4, 5, 6]  # Pass@1..k
+    assert table_ks(32) == [1, 2, 4, 8, 16, 32] and table_ks(6) == [1, 2, 4, 6]
     s = summarize({"a": [0, 4], "b": [2, 2, 2, 2]}, n=4, ks=[1, 4])
-    assert s["a"] == {"avg@4": 0.5, "pass@1": 0.5, "pass@4": 0.5, "num_problems": 2.0}
+    assert s["a"] == {"avg@4": 0.5, "pass@1": 0.5, "pass@4": 0.5, "num_problems": 2.0, "num_dropped": 0.0}
     assert s["b"]["pass@4"] == 1.0 and s["b"]["pass@1"] == 0.5
-    assert s["average"] == {"avg@4": 0.5, "pass@1": 0.5, "pass@4": 0.75, "num_problems": 6.0}
+    assert s["average"] == {"avg@4": 0.5, "pass@1": 0.5, "pass@4": 0.75, "num_problems": 6.0,
+                            "num_dropped": 0.0}
     table = render_table(s)
-    assert "| average | 50.00 | 50.00 | 75.00 | 6 |" in table.splitlines()
+    assert "| average | 50.00 | 50.00 | 75.00 | 6 | 0 |" in table.splitlines()
+    assert "pass@1" not in render_table(s, ks=[4]) and "pass@4" in render_table(s, ks=[4])
     assert json.loads(render_json(s))["b"]["pass@4"] == 1.0

@@ -10,6 +10,14 @@ import torch
 from megatron_maspo.loss import LossConfig, compute_policy_loss, megatron_loss_tuple, token_losses
 from megatron_maspo.loss.bapo import bapo_search_bounds
 from megatron_maspo.loss.metrics import finalize_metrics, reduce_metrics
+from megatron_maspo.loss.params import (
+    AdvReweightParams,
+    BapoParams,
+    ClipParams,
+    EntropyAdvParams,
+    MaspoParams,
+    QuatroParams,
+)
 from megatron_maspo.loss.quatro import reps_lambda
 
 F64 = torch.float64
@@ -130,7 +138,7 @@ def test_advantage_modifiers_compose_with_methods():
     logp, old, adv, mask, _ = _batch(seed=4)
     n = int(mask.sum())
     ent = torch.rand_like(old)
-    cfg = LossConfig(method="maspo", entropy_adv_coef=0.4, adv_reweight_alpha=0.1)
+    cfg = LossConfig(method="maspo", entropy_adv=EntropyAdvParams(coef=0.4), adv_reweight=AdvReweightParams(alpha=0.1))
     loss, _ = compute_policy_loss(cfg, logp, old, adv, mask, num_tokens_global=n, entropy=ent)
     a2 = (adv + torch.minimum(0.4 * ent, adv.abs() / 2)) * (0.1 * old.exp() + 0.9)
     torch.testing.assert_close(loss, (token_losses("maspo", logp, old, a2) * mask).sum() / n)
@@ -162,12 +170,16 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="num_seqs_global"):
         compute_policy_loss(LossConfig(aggregation="seq-mean-token-sum"), logp, old, adv, mask,
                             num_tokens_global=n)
-    for field, value in (("method", "x"), ("eps_low", -0.1), ("sigma_base", 0.0), ("alpha", -1.0),
-                         ("kl_type", "k4"), ("nonfinite", "ignore"), ("aggregation", "mean"),
-                         ("bapo_low_range", (0.9, 0.6)), ("maspo_safety_cap", 0.5),
-                         ("aggregation", "seq-mean-token-sum-norm")):
+    for field, value in (("method", "x"), ("kl_type", "k4"), ("nonfinite", "ignore"), ("aggregation", "mean"),
+                         ("aggregation", "seq-mean-token-sum-norm"), ("kl_coef", -1.0)):
         with pytest.raises(ValueError, match=field):
             LossConfig(**{field: value})
+    for cls, field, value in ((ClipParams, "eps_low", -0.1), (ClipParams, "dual_clip_c", 0.5),
+                              (MaspoParams, "sigma_base", 0.0), (MaspoParams, "alpha", -1.0),
+                              (MaspoParams, "safety_cap", 0.5), (BapoParams, "low_range", (0.9, 0.6)),
+                              (BapoParams, "scope", "batch"), (QuatroParams, "dual_solver", "newton")):
+        with pytest.raises(ValueError, match=f"{cls.__name__}.{field}"):
+            cls(**{field: value})
 
 
 def test_nonfinite_mask_mode():
@@ -190,19 +202,24 @@ def test_nonfinite_mask_mode():
 
 def _bapo_reference(r, a, cfg):
     """Literal transcription of BAPO Alg. 1 (paper order), one evaluation per step."""
-    lo, hi = cfg.bapo_low_range[0], cfg.bapo_high_range[0]
+    b = cfg.bapo
+    lo, hi = b.low_range[0], b.high_range[0]
 
     def share(lo, hi):
         p = (a.clamp(min=0) * torch.minimum(r, torch.tensor(hi, dtype=F64))).sum()
         nn = ((-a).clamp(min=0) * torch.maximum(r, torch.tensor(lo, dtype=F64))).sum()
         return float(p / (p + nn))
 
-    while share(lo, hi) < cfg.bapo_target_share and lo + cfg.bapo_step_low <= cfg.bapo_low_range[1] + 1e-9:
-        if hi + cfg.bapo_step_high <= cfg.bapo_high_range[1] + 1e-9:
-            hi += cfg.bapo_step_high
+    while share(lo, hi) < b.target_share and lo + b.step_low <= b.low_range[1] + 1e-9:
+        if hi + b.step_high <= b.high_range[1] + 1e-9:
+            hi += b.step_high
         else:
-            lo += cfg.bapo_step_low
+            lo += b.step_low
     return lo, hi
+
+
+def _bapo(**kw) -> LossConfig:
+    return LossConfig(method="bapo", bapo=BapoParams(**kw))
 
 
 def test_bapo_bound_search():
@@ -210,19 +227,17 @@ def test_bapo_bound_search():
     r = torch.exp(0.8 * torch.randn(400, generator=g, dtype=F64))
     mask = torch.ones(400, dtype=torch.bool)
     a = torch.where(torch.rand(400, generator=g) < 0.3, 1.0, -1.0).to(F64) * (0.5 + torch.rand(400, generator=g))
-    s0 = bapo_search_bounds(r, a, mask, LossConfig(method="bapo", bapo_high_range=(1.2, 1.2),
-                                                   bapo_low_range=(0.6, 0.6)))[2]
+    s0 = bapo_search_bounds(r, a, mask, _bapo(high_range=(1.2, 1.2), low_range=(0.6, 0.6)))[2]
     found = set()
     for delta in (-0.05, 0.01, 0.03, 0.5):  # no search / stops within c_high / exhausts c_high / saturates
-        cfg = LossConfig(method="bapo", bapo_target_share=s0 + delta)
+        cfg = _bapo(target_share=s0 + delta)
         c_low, c_high, share = bapo_search_bounds(r, a, mask, cfg)
         ref_low, ref_high = _bapo_reference(r, a, cfg)
         assert (c_low, c_high) == pytest.approx((ref_low, ref_high), abs=1e-9)
         found.add((round(c_low, 6), round(c_high, 6)))
     assert len(found) == 4, found  # every branch of the search was exercised
     # 'low_first' + 'gradient_mass' (official order, §8 subtlety): raising c_low now helps the share.
-    cfg = LossConfig(method="bapo", bapo_target_share=s0 + 0.03, bapo_order="low_first",
-                     bapo_contribution="gradient_mass")
+    cfg = _bapo(target_share=s0 + 0.03, order="low_first", contribution="gradient_mass")
     c_low, c_high, share = bapo_search_bounds(r, a, mask, cfg)
     assert c_low > 0.6 and share >= s0 + 0.03 - 1e-12
     # Gradient: PPO-clip with the found bounds.
@@ -231,6 +246,8 @@ def test_bapo_bound_search():
     (gr,) = torch.autograd.grad(token_losses("bapo", logp, old, a).sum(), logp)
     c_low, c_high, _ = bapo_search_bounds(r, a, mask, LossConfig(method="bapo"))
     w = torch.where(a > 0, r <= c_high, r >= c_low).to(F64)
+    w = torch.where((a < 0) & (r > 3.0), 0.0, w)  # verl's dual-clip c = 3, on by default
+    assert ((a < 0) & (r > 3.0)).any()
     torch.testing.assert_close(gr, -w * r * a)
 
 
@@ -238,8 +255,8 @@ def test_quatro_dual_solvers():
     logp, old, adv, mask, seq = _batch(seed=6)
     prompt = seq // 3  # two prompts of three responses
     n = int(mask.sum())
-    cfg = LossConfig(method="quatro", quatro_dual_solver="dual_ascent", quatro_lambda_init=0.2,
-                     quatro_lambda_lr=0.5, quatro_delta=0.01)
+    cfg = LossConfig(method="quatro", quatro=QuatroParams(dual_solver="dual_ascent", lambda_init=0.2,
+                                                          lambda_lr=0.5, delta=0.01))
     _, met = compute_policy_loss(cfg, logp, old, adv, mask, num_tokens_global=n, prompt_ids=prompt)
     lr = (logp.detach() - old)
     d = lr.exp() * lr
@@ -252,7 +269,7 @@ def test_quatro_dual_solvers():
     # REPS: the chosen λ minimises the dual up to the grid resolution.
     adv_S = torch.tensor([1.0, -0.5, -0.5, 2.0, 0.3, -1.0], dtype=F64)
     p_of_s = torch.tensor([0, 0, 0, 1, 1, 1])
-    c = LossConfig(method="quatro", quatro_dual_solver="reps_closed_form", quatro_delta=0.05)
+    c = LossConfig(method="quatro", quatro=QuatroParams(dual_solver="reps_closed_form", delta=0.05))
     lam_q = reps_lambda(adv_S, p_of_s, 2, c)
     for q in (0, 1):
         a = adv_S[p_of_s == q]
@@ -265,7 +282,7 @@ def test_quatro_dual_solvers():
         assert dual(lam_q[q]).item() <= best + 1e-3
     with pytest.raises(ValueError, match="prompt_ids"):
         compute_policy_loss(cfg, logp, old, adv, mask, num_tokens_global=n)
-    loss, _ = compute_policy_loss(LossConfig(method="quatro", quatro_dual_solver="reps_closed_form"),
+    loss, _ = compute_policy_loss(LossConfig(method="quatro", quatro=QuatroParams(dual_solver="reps_closed_form")),
                                   logp, old, adv, mask, num_tokens_global=n, prompt_ids=prompt, seq_ids=seq)
     assert torch.isfinite(loss)
 

@@ -10,6 +10,7 @@ import torch
 
 from megatron_maspo.loss import LossConfig, token_losses
 from megatron_maspo.loss.maspo import maspo_gate, maspo_sigmas
+from megatron_maspo.loss.params import MaspoParams
 from megatron_maspo.loss.ppo import dac_bounds
 from megatron_maspo.loss.sapo import sapo_weight
 
@@ -34,18 +35,18 @@ def _ppo_w(r, a, lo, hi, c=None):
 
 def _oracle(method: str, r, old, a, **p):
     """Independent re-statement of loss-formulas.md §15's w column."""
-    el, eh = p.get("eps_low", 0.2), p.get("eps_high", 0.2)
-    if method in ("grpo", "clip_higher"):
-        return _ppo_w(r, a, 1 - el, 1 + eh, p.get("dual_clip_c"))
+    el, eh = p.get("eps_low", 0.2), p.get("eps_high", 0.265 if method == "clip_higher" else 0.2)
+    if method in ("grpo", "clip_higher"):  # verl's dual-clip c = 3 is on by default
+        return _ppo_w(r, a, 1 - el, 1 + eh, p.get("dual_clip_c", 3.0))
     if method == "dac":
         pold = old.exp()
         lo = 0.5 + 0.5 * torch.sqrt(torch.clamp(1 - 4 * el / pold, min=0))
         hi = torch.clamp(0.5 + 0.5 * torch.sqrt(1 + 4 * eh / pold), max=10.0)
-        return _ppo_w(r, a, lo, hi)
+        return _ppo_w(r, a, lo, hi, p.get("dual_clip_c", 3.0))
     if method == "cispo":
         return r.clamp(1 - el, 1 + eh) / r
     if method == "gppo":
-        b1, b2 = p.get("gppo_beta_low", 1.0), p.get("gppo_beta_high", 1.0)
+        b1, b2 = p.get("beta_low", 1.0), p.get("beta_high", 1.0)
         w = torch.ones_like(r)
         w = torch.where((a < 0) & (r < 1 - el), b1 * (1 - el) / r, w)
         return torch.where((a > 0) & (r > 1 + eh), b2 * (1 + eh) / r, w)
@@ -65,9 +66,10 @@ def _oracle(method: str, r, old, a, **p):
 
 
 ORACLE_CASES = [
-    ("grpo", {}), ("grpo", {"dual_clip_c": 3.0}), ("clip_higher", {"eps_low": 0.2, "eps_high": 0.28}),
-    ("dac", {"eps_low": 0.2, "eps_high": 0.28}), ("cispo", {"eps_low": 0.5, "eps_high": 0.3}),
-    ("gppo", {}), ("gppo", {"gppo_beta_low": 0.75}), ("sapo", {}), ("maspo", {}),
+    ("grpo", {}), ("grpo", {"dual_clip_c": None}), ("clip_higher", {}),
+    ("clip_higher", {"eps_low": 0.2, "eps_high": 0.28}), ("dac", {"eps_low": 0.2, "eps_high": 0.28}),
+    ("dac", {"dual_clip_c": 10.0}), ("cispo", {"eps_low": 0.5, "eps_high": 0.3}),
+    ("gppo", {}), ("gppo", {"beta_low": 0.75}), ("sapo", {}), ("maspo", {}),
     ("maspo", {"alpha": 0.5, "sigma_base": 0.5, "beta_high": 0.2, "beta_low": 0.1}),
 ]
 
@@ -91,10 +93,10 @@ def test_quatro_gradient_matches_reconstruction():
     lam = 0.3
     for div, extra in (("kl_new_old", lambda r: r * (1 + r.log())), ("kl_old_new", lambda r: -torch.ones_like(r)),
                        ("k3", lambda r: r - 1)):
-        loss = token_losses("quatro", logp, old, adv, quatro_divergence=div, quatro_lambda_init=lam)
+        loss = token_losses("quatro", logp, old, adv, divergence=div, lambda_init=lam)
         (g,) = torch.autograd.grad(loss.sum(), logp)
         torch.testing.assert_close(g, -(r * adv - lam * extra(r)), rtol=1e-12, atol=1e-12)
-    loss = token_losses("quatro", logp, old, adv, quatro_drop_zero_mean_term=True, quatro_lambda_init=lam)
+    loss = token_losses("quatro", logp, old, adv, drop_zero_mean_term=True, lambda_init=lam)
     (g,) = torch.autograd.grad(loss.sum(), logp)
     torch.testing.assert_close(g, -(r * adv - lam * r * r.log()), rtol=1e-12, atol=1e-12)
 
@@ -170,7 +172,7 @@ def test_maspo_safety_cap_off_by_default():
     adv = torch.tensor([-1.0, -2.0], dtype=F64)
     (g,) = torch.autograd.grad(token_losses("maspo", logp, old, adv).sum(), logp)
     torch.testing.assert_close(g, -5.0 * adv)
-    loss = token_losses("maspo", logp, old, adv, maspo_safety_cap=3.0)
+    loss = token_losses("maspo", logp, old, adv, safety_cap=3.0)
     torch.testing.assert_close(loss, 3.0 * -adv)
     (g,) = torch.autograd.grad(loss.sum(), logp)
     assert torch.all(g == 0)
@@ -205,7 +207,7 @@ def test_maspo_vectors(alpha, vectors):
     r = torch.tensor([v[0] for v in vectors], dtype=F64)
     old = torch.tensor([v[1] for v in vectors], dtype=F64).log()
     adv = torch.tensor([v[2] for v in vectors], dtype=F64)
-    cfg = LossConfig(alpha=alpha)
+    cfg = LossConfig(maspo=MaspoParams(alpha=alpha))
     _, sp, sn, _ = maspo_sigmas(old, adv, cfg)
     gate = maspo_gate(r, adv, sp, sn)
     for i, (_, _, a, sigma, f) in enumerate(vectors):

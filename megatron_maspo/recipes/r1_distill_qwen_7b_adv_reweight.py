@@ -1,0 +1,16 @@
+"""MASPO paper Table 1: Advantage Reweighting (GRPO, α_A 0.1) on DeepSeek-R1-Distill-Qwen-7B.
+
+Every value's source is in ``recipes/base.py`` (``SETTINGS``).
+
+    maspo plan r1_distill_qwen_7b_adv_reweight --nodes 4 --gpus-per-node 8
+    maspo launch r1_distill_qwen_7b_adv_reweight --executor slurm --nodes 4 --dry-run
+"""
+
+from __future__ import annotations
+
+from megatron_maspo.config import MaspoConfig
+from megatron_maspo.recipes.base import table1
+
+
+def config() -> MaspoConfig:
+    return table1("adv_reweight", "7b")
