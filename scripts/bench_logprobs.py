@@ -1,7 +1,7 @@
 """Benchmark vocab-parallel log-prob + entropy against Megatron-Core's cross-entropy (the peer).
 
 Runs, on ``--tp`` spawned gloo ranks with one thread each, on the same seeded random inputs,
-interleaved per repetition (performance.md §6):
+interleaved per repetition (docs/performance-model.md §6):
 
 * **ours**: ``megatron_maspo.parallel.logprobs`` with its default chunking (a byte budget; override
   with ``--chunk`` tokens or ``--chunk-bytes``);
