@@ -1,7 +1,7 @@
 """Benchmark vocab-parallel log-prob + entropy against Megatron-Core's cross-entropy (the peer).
 
 Runs, on ``--tp`` spawned gloo ranks with one thread each, on the same seeded random inputs,
-interleaved per repetition (docs/performance-model.md §6):
+interleaved per repetition:
 
 * **ours**: ``megatron_maspo.parallel.logprobs`` with its default chunking (a byte budget; override
   with ``--chunk`` tokens or ``--chunk-bytes``);
@@ -261,7 +261,7 @@ def _ref64(full: torch.Tensor, labels: torch.Tensor, vocab: int, tau: float):
 
 
 def _fp64_gate(cfg: dict, var: dict, rows: int = 256) -> dict[str, float]:
-    """Candidates vs a float64 full-vocabulary reference (performance-model.md §5), in row chunks.
+    """Ours vs a float64 full-vocabulary reference (gate: <= 1e-5), in row chunks.
 
     Returns max abs errors of log-prob / entropy and max relative (to the reference's max |g|)
     errors of every gradient, for the logits path and the from-hidden path.

@@ -6,7 +6,7 @@ Layout: each rank of the tensor-parallel group ``tp_group`` holds a contiguous s
 adds so the vocabulary divides by ``make_vocab_size_divisible_by · tp``) never enter the softmax and
 receive zero gradient.
 
-Cost model (see docs/logprobs.md and performance-model.md §2):
+Cost model (see docs/logprobs.md):
 
 * forward: one sweep per token chunk, fp32 upcast per row block only; two collectives per call (MAX of
   ``[T]``, SUM of ``[3, T]`` fp32 = 16 B/token/rank), independent of the number of chunks;

@@ -15,7 +15,8 @@ takes the rest of the budget. In both cases ``tile + temporaries <= budget`` whe
 (a single row is the floor: it is used, with a warning, when even one row exceeds the budget).
 
 The per-token statistics (O(T)), the outputs and the gradients the caller asked for are not
-workspace and are not counted; see docs/logprobs.md for the full memory model.
+workspace and are not counted; see docs/logprobs.md for the full memory model. (fp64 inputs, used by
+gradcheck, reduce in fp64: their temporaries take twice the bytes counted here.)
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class SweepCounter:
-    """Counts full-vocabulary sweeps over a chunk (performance target C8).
+    """Counts full-vocabulary sweeps over a chunk (one per chunk each way is the design).
 
     A sweep is one read of a ``[C, V/tp]`` chunk that yields all the statistics it has to
     produce (forward: max, Σexp, Σp·x, label logit; backward: the gradient).
