@@ -119,7 +119,7 @@ def paper_config(*, name: str, source: str, arch: str, alpha: float, nodes: int,
         rollout=RolloutConfig(engine="vllm", vllm_tp=vllm_tp, sleep_level=2,
                               vllm_gpu_memory_utilization=vllm_gpu_memory_utilization),
         data=DataConfig(format="dapo", max_prompt_tokens=MAX_PROMPT_TOKENS),
-        train=TrainConfig(max_tokens_per_micro_batch=16384, logprob_chunk_size=4096,
+        train=TrainConfig(max_tokens_per_micro_batch=16384,
                           deterministic=False, seed=1234),
         checkpoint=CheckpointConfig(run_dir=f"runs/{name}", save_every=10, keep_last=2),
     )
