@@ -40,7 +40,7 @@ def _step(tr, step: int) -> dict[str, dict[str, float]]:
     from megatron_maspo.rollout.types import SamplingParams
     from megatron_maspo.train.grading import grade_groups
 
-    cfg, rc, tc = tr.cfg, tr.cfg.rollout, tr.cfg.train
+    rc, tc = tr.cfg.rollout, tr.cfg.train
     idx = tr.order.take(tc.prompts_per_step)
     prompts = [tr.examples[i].prompt_ids for i in idx]
     params = SamplingParams(n=rc.group_size, temperature=rc.temperature, top_p=rc.top_p,
