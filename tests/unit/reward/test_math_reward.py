@@ -176,12 +176,27 @@ def test_input_validation(reward: MathReward) -> None:
         RewardConfig(correct_reward=0.0, incorrect_reward=0.0)
 
 
+def _wait_dead(pid: int, timeout_s: float = 10.0) -> None:
+    """Until ``pid`` has exited (a zombie counts: it no longer runs)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"worker {pid} still running {timeout_s} s after SIGKILL")
+
+
 def test_worker_killed_while_idle_is_replaced() -> None:
     with MathReward(RewardConfig(num_workers=1, timeout_s=5.0)) as reward:
         assert reward([r"\boxed{1}"], ["1"]).statuses == [GradeStatus.CORRECT]
         (pid,) = reward.worker_pids()
         os.kill(pid, signal.SIGKILL)  # like the OOM killer between two RL steps
-        time.sleep(0.2)
+        _wait_dead(pid)  # "while idle": dead before the next call (a fixed sleep races under load)
         out = reward([r"\boxed{2}", r"\boxed{3}"], ["2", "4"])
         assert out.statuses == [GradeStatus.CORRECT, GradeStatus.WRONG]
         assert reward.worker_pids() != [pid] and reward.pool_events["started"] == 2
