@@ -22,7 +22,7 @@ PROMPT_MEAN = 150
 """Assumed mean prompt tokens (a math problem in a chat template); the blog does not state it."""
 
 SHARED = ("train.prompts_per_step=64", "rollout.group_size=32", "train.mini_batches_per_step=1",
-          "train.reference_model=true", "rollout.vllm_gpu_memory_utilization=0.6",
+          "train.reference_model=true", "rollout.vllm_gpu_memory_utilization=0.45",
           "parallel.distributed_optimizer=true", "data.max_prompt_tokens=512", "model.recompute=null")
 
 
@@ -59,11 +59,11 @@ RUNS = (
                   "rollout.max_new_tokens=3584", "train.max_tokens_per_micro_batch=4096"),
                  795, _m(112, 28, 5, 58, 18)),
     PublishedRun("Llama-3.1-70B, 64 GPUs, TP4 PP4", 8,
-                 ("model.arch=llama3.1-70b", "parallel.tp=4", "parallel.pp=4", 
+                 ("model.arch=llama3.1-70b", "rollout.vllm_gpu_memory_utilization=0.6", "parallel.tp=4", "parallel.pp=4", 
                   "rollout.vllm_tp=4", "rollout.max_new_tokens=3584", "train.max_tokens_per_micro_batch=4096"),
                  398, _m(147, 28, 14, 84, 18)),
     PublishedRun("Qwen3-30B-A3B, 64 GPUs, EP8 TP2", 8,
-                 ("model.arch=qwen3-30b-a3b", "parallel.tp=2", "parallel.ep=8", "rollout.vllm_tp=2",
+                 ("model.arch=qwen3-30b-a3b", "parallel.tp=1", "parallel.ep=8", "rollout.vllm_tp=2",
                   "rollout.max_new_tokens=3584", "train.max_tokens_per_micro_batch=4096"),
                  3251, _m(167, 50, 12, 78, 23)),
     PublishedRun("Qwen3-32B, 64 GPUs, TP4 PP2", 8,
@@ -71,7 +71,7 @@ RUNS = (
                   "rollout.vllm_tp=4", "rollout.max_new_tokens=3584", "train.max_tokens_per_micro_batch=4096"),
                  3283, _m(213, 68, 7, 96, 40)),
     PublishedRun("Llama-3.3-70B, 128 GPUs, CP4, 16k", 16,
-                 ("model.arch=llama3.3-70b", "parallel.tp=8", "parallel.pp=4", 
+                 ("model.arch=llama3.3-70b", "rollout.vllm_gpu_memory_utilization=0.6", "model.recompute=full", "parallel.tp=8", "parallel.pp=4", 
                   "rollout.vllm_tp=4", "rollout.max_new_tokens=15872",
                   "train.max_tokens_per_micro_batch=16384"),
                  749, _m(445, 64, 17, 287, 75)),
