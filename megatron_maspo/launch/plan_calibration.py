@@ -6,6 +6,7 @@ layout, maximum length, mean response length and the measured seconds per phase;
 (vLLM TP, prompt length, micro-batch budget) is our assumption and is stated in ``SHARED`` / each run.
 
     python -m megatron_maspo.launch.plan_calibration      # prints the table of docs/planner-calibration.md
+    python -m megatron_maspo.launch.plan_calibration --exponential-tail   # the rejected tail model
 """
 
 from __future__ import annotations
@@ -78,14 +79,23 @@ RUNS = (
 )
 
 
-def planned(run: PublishedRun) -> dict[str, float]:
-    """The planner's seconds per phase for ``run`` (the same path as ``maspo plan``)."""
+def planned(run: PublishedRun, exponential_tail: bool = False) -> dict[str, float]:
+    """The planner's seconds per phase for ``run`` (the same path as ``maspo plan``).
+
+    ``exponential_tail``: instead of the budget, take as tail the expected longest of each engine's
+    responses were their lengths exponential with the published mean (the comparison in the docs).
+    """
     from megatron_maspo.config import resolve_config
     from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
+    from megatron_maspo.launch.plan_rollout import exponential_expected_max
 
     world = run.nodes * 8
     cfg = resolve_config(BASE_RECIPE, None, [f"parallel.world_size={world}", *SHARED, *run.sets])
-    hw = Assumptions(prompt_mean=PROMPT_MEAN, response_mean=run.response_mean, response_max=run.response_max)
+    tail = run.response_max
+    if exponential_tail:
+        per_engine = -(-cfg.train.prompts_per_step * cfg.rollout.group_size // (world // cfg.rollout.vllm_tp))
+        tail = exponential_expected_max(run.response_mean, per_engine)
+    hw = Assumptions(prompt_mean=PROMPT_MEAN, response_mean=run.response_mean, response_max=tail)
     plan = estimate(cfg, arch_of(cfg), layout_of(cfg), nodes=run.nodes, gpus_per_node=8, hw=hw)
     assert plan.time is not None, plan.reasons
     t = plan.time
@@ -93,16 +103,18 @@ def planned(run: PublishedRun) -> dict[str, float]:
             "total": t.total}
 
 
-def table() -> str:
+def table(exponential_tail: bool = False) -> str:
     """Markdown: per run, planner seconds / measured seconds per phase."""
     head = "| run | " + " | ".join(f"{p} planned/measured s (ratio)" for p in PHASES) + " |"
     rows = [head, "|" + "---|" * (len(PHASES) + 1)]
     for run in RUNS:
-        got = planned(run)
+        got = planned(run, exponential_tail)
         cells = [f"{got[p]:.0f}/{run.measured[p]:.0f} ({got[p] / run.measured[p]:.2f})" for p in PHASES]
         rows.append(f"| {run.name} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
 if __name__ == "__main__":
-    print(table())
+    import sys
+
+    print(table(exponential_tail="--exponential-tail" in sys.argv[1:]))

@@ -9,7 +9,12 @@ import pytest
 from megatron_maspo.cli.main import main
 from megatron_maspo.config import load_recipe
 from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
-from megatron_maspo.launch.plan_rollout import EngineLoad, generation_seconds, moe_touched_fraction
+from megatron_maspo.launch.plan_rollout import (
+    EngineLoad,
+    exponential_expected_max,
+    generation_seconds,
+    moe_touched_fraction,
+)
 
 HW = dict(hbm_tb_s=2.0, decode_eff=0.5, peak_tflops=1000.0, mfu=0.5)
 LOAD = EngineLoad(seqs=10, conc=4, prompt=100, mean=200, tail=1000, weight_bytes_full=1e9,
@@ -70,3 +75,8 @@ def test_cli_response_flags(capsys):
     out = capsys.readouterr().out
     assert "'response_mean': 2500.0" in out and "'response_max': 6000.0" in out
     assert main(["plan", "r1_distill_qwen_7b_maspo", "--nodes", "4", "--response-mean", "-1"]) == 2
+
+
+def test_exponential_expected_max_is_mean_times_harmonic_number():
+    assert exponential_expected_max(100.0, 1) == pytest.approx(100.0)
+    assert exponential_expected_max(100.0, 4) == pytest.approx(100.0 * (1 + 1 / 2 + 1 / 3 + 1 / 4))
