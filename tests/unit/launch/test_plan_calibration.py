@@ -13,7 +13,7 @@ from megatron_maspo.launch.plan_calibration import PHASES, RUNS, planned
 BAND = (0.67, 1.5)
 
 _NO_CP = ("context parallelism is not modelled (the config has no CP), and the measured 64 s train / 75 s "
-          "log-prob for 1.8 M tokens on 128 GPUs imply ~5% MFU, which FLOP counting at 0.35 cannot reach")
+          "log-prob for 1.8 M tokens on 128 GPUs imply 5-10% MFU, which FLOP counting at 0.35 cannot reach")
 KNOWN_OFF = {("Llama-3.3-70B, 128 GPUs, CP4, 16k", "update"): _NO_CP,
              ("Llama-3.3-70B, 128 GPUs, CP4, 16k", "old_logprob"): _NO_CP}
 
