@@ -94,7 +94,7 @@ class Assumptions:
     """Model-FLOPs utilisation of dense trainer forward/backward (RL update phases: 0.2-0.4)."""
     moe_expert_mfu: float = 0.03
     """Utilisation of the MoE expert FLOPs (token dispatch / all-to-all, grouped GEMMs on small experts,
-    load imbalance). 0.03 puts Qwen3-30B-A3B's whole-model rate near 50 TFLOP/s per GPU, the absolute
+    load imbalance). 0.03 puts Qwen3-30B-A3B's whole-model rate at ~56 TFLOP/s per GPU, inside the absolute
     rate verl reports for its Megatron MoE actor (MFU 0.31-0.40 of a 148 TFLOP/s H20, 46-59 TFLOP/s)."""
     decode_bw_eff: float = 0.45
     """Fraction of HBM bandwidth a decode step turns into useful weight + KV reads, all per-step costs
