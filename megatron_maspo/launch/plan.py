@@ -186,6 +186,10 @@ class Plan:
     time: StepTime | None = None
     kv_seqs: int = 0
     """Full-length sequences the engine's KV pool holds at once (per engine)."""
+    engines: int = 0
+    """Rollout engines the generation time assumes (world / vllm_tp: the fleet design)."""
+    tail: float = 0.0
+    """Longest response per engine batch the generation time assumes, tokens."""
     reasons: list[str] = field(default_factory=list)
 
     @property
@@ -414,6 +418,7 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
                              peak_tflops=hw.peak_tflops, mfu=hw.mfu)
     sync = hw.sync_fixed_s + 2 * p_total / (hw.sync_gb_s * 1e9)
     return Plan(layout=lay, world=world, dp=dp, memory=mem, kv_seqs=kv_seqs, reasons=reasons,
+                engines=engines, tail=tail,
                 time=StepTime(generation=gen, old_logprob=old_lp, update=update, sync=sync))
 
 
@@ -476,5 +481,7 @@ def format_plan(plan: Plan, title: str = "") -> str:
         t = plan.time
         lines.append(f"  step s: generation {t.generation:.0f}  old-logprob {t.old_logprob:.0f}  update "
                      f"{t.update:.0f}  sync {t.sync:.1f}  total {t.total:.0f}")
+        lines.append(f"  generation assumes {plan.engines} engines of vllm_tp={lay.vllm_tp} GPUs (the rollout "
+                     f"fleet; the trainer builds one engine today) and a longest response of {plan.tail:.0f} tokens")
     lines += [f"  REFUSED: {r}" for r in plan.reasons] or ["  fits"]
     return "\n".join(lines)
