@@ -9,6 +9,7 @@ Formulas and assumptions: ``megatron_maspo/launch/plan.py``.
     maspo plan r1_distill_qwen_7b_maspo --nodes 4 --gpus-per-node 8
     maspo plan llama3_70b_maspo --nodes 8 --gpus-per-node 8 --gpu-mem-gb 141 --hbm-tb-s 4.8   # H200
     maspo plan r1_distill_qwen_14b_maspo --nodes 2 --set parallel.tp=2                          # refused?
+    maspo plan r1_distill_qwen_7b_maspo --nodes 4 --response-mean 2500 --response-max 8192      # measured lengths
 
 Exit status: 0 when the layout fits, 1 when refused (after printing any suggestion), 2 on bad input.
 """
@@ -32,6 +33,17 @@ def add_parser(subparsers) -> None:
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak per GPU (default 989)")
     p.add_argument("--hbm-tb-s", type=float, default=3.35, help="HBM bandwidth TB/s (default 3.35)")
     p.add_argument("--mfu", type=float, default=0.35, help="trainer model-FLOPs utilisation (default 0.35)")
+    p.add_argument("--moe-expert-mfu", type=float, default=0.03,
+                   help="utilisation of routed-expert FLOPs (dispatch, grouped GEMM, imbalance; default 0.03)")
+    p.add_argument("--decode-eff", type=float, default=0.45,
+                   help="fraction of HBM bandwidth a decode step achieves, overheads included (default 0.45)")
+    p.add_argument("--sync-gb-s", type=float, default=10.0, help="weight-sync bandwidth GB/s (default 10)")
+    p.add_argument("--prompt-mean", type=float, default=None,
+                   help="mean prompt tokens (default: half of data.max_prompt_tokens)")
+    p.add_argument("--response-mean", type=float, default=None,
+                   help="mean response tokens (default: half of rollout.max_new_tokens)")
+    p.add_argument("--response-max", type=float, default=None,
+                   help="longest response per engine batch, the straggler tail (default: rollout.max_new_tokens)")
     p.set_defaults(run=run)
 
 
@@ -67,8 +79,13 @@ def run(args: argparse.Namespace) -> int:
     if cfg.parallel.world_size != world:
         # The planner sizes for the cluster asked about; the launcher sets world_size the same way.
         print(f"note: recipe's parallel.world_size={cfg.parallel.world_size}; planning for {world} GPUs")
+    for name in ("prompt_mean", "response_mean", "response_max"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be > 0 tokens, got {getattr(args, name)}")
     hw = Assumptions(gpu_mem_gb=args.gpu_mem_gb, peak_tflops=args.peak_tflops, hbm_tb_s=args.hbm_tb_s,
-                     mfu=args.mfu)
+                     mfu=args.mfu, moe_expert_mfu=args.moe_expert_mfu, decode_bw_eff=args.decode_eff,
+                     sync_gb_s=args.sync_gb_s, prompt_mean=args.prompt_mean,
+                     response_mean=args.response_mean, response_max=args.response_max)
     spec = arch_of(cfg)
     plan = estimate(cfg, spec, layout_of(cfg), nodes=args.nodes, gpus_per_node=args.gpus_per_node, hw=hw)
     print(f"model: {cfg.model.arch or cfg.model.source} ({spec.num_parameters() / 1e9:.2f} B parameters) on "

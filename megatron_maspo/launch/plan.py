@@ -43,13 +43,19 @@ Selective recompute (core attention) saves nothing measurable with flash attenti
 none. Step time (seconds per rollout step) from FLOPs and bandwidth, with the efficiencies of
 :class:`Assumptions`:
 
-    old-logprob = F_fwd / (W * peak * mfu)          F_fwd = 2 P_act T + 2 L n_h d sum(s^2)  (x2 with a
-                                                    reference model; dense_mask: 4 L n_h d S T, every
-                                                    token scores the whole packed row)
-    update      = (3 or 4 with full recompute) * F_fwd / (W * peak * mfu)
-    generation  = R * waves * max(bytes_step / (HBM * eff), 2 P_act c / (vllm_tp * peak * mfu))
-                  bytes_step = 2 P / vllm_tp + c * L_live * kv_token_bytes, c concurrent sequences per engine
-    sync        = 2 P / sync bandwidth
+    old-logprob = (F_fwd - F_exp) / (W * peak * mfu) + F_exp / (W * peak * moe_expert_mfu)
+                  F_fwd = 2 P_act T + 2 L n_h d sum(s^2)  (x2 with a reference model; dense_mask:
+                  4 L n_h d S T, every token scores the whole packed row); F_exp = 2 P_exp T, the routed
+                  experts' share (0 for dense models), at its own, lower utilisation
+    update      = (3 or 4 with full recompute) * old-logprob's per-forward time
+    generation  = launch/plan_rollout.py: per engine, weight reads per decode step over (waves - 1) x mean
+                  + tail steps, KV reads per generated token, at HBM x decode_bw_eff; the tail is the
+                  longest response (Assumptions.response_max, else rollout.max_new_tokens)
+    sync        = sync_fixed_s + 2 P / sync bandwidth
+
+Response and prompt lengths default to fractions of their budgets; ``Assumptions.response_mean``,
+``response_max`` and ``prompt_mean`` (``maspo plan --response-mean/--response-max/--prompt-mean``) set
+them from a measured run. docs/planner-calibration.md compares the figures with published runs.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from megatron_maspo.launch.plan_rollout import EngineLoad, generation_seconds, moe_touched_fraction
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
 from megatron_maspo.parallel.logprobs_budget import DEFAULT_BUDGET_BYTES
 
@@ -84,11 +91,24 @@ class Assumptions:
     hbm_tb_s: float = 3.35
     """HBM bandwidth, TB/s (H100 3.35, H200 4.8)."""
     mfu: float = 0.35
-    """Model-FLOPs utilisation of trainer forward/backward (RL update phases: 0.2-0.4)."""
-    decode_bw_eff: float = 0.5
-    """Fraction of HBM bandwidth a decode step achieves (engines reach 40-60% of the roofline)."""
-    sync_gb_s: float = 20.0
-    """Effective weight-sync bandwidth in GB/s (observed 8-80)."""
+    """Model-FLOPs utilisation of dense trainer forward/backward (RL update phases: 0.2-0.4)."""
+    moe_expert_mfu: float = 0.03
+    """Utilisation of the MoE expert FLOPs (token dispatch / all-to-all, grouped GEMMs on small experts,
+    load imbalance). 0.03 puts Qwen3-30B-A3B's whole-model rate at ~56 TFLOP/s per GPU, inside the absolute
+    rate verl reports for its Megatron MoE actor (MFU 0.31-0.40 of a 148 TFLOP/s H20, 46-59 TFLOP/s)."""
+    decode_bw_eff: float = 0.45
+    """Fraction of HBM bandwidth a decode step turns into useful weight + KV reads, all per-step costs
+    (scheduling, sampling, log-prob return, kernel launch gaps) included; docs/planner-calibration.md."""
+    sync_gb_s: float = 10.0
+    """Weight-sync bandwidth the transport achieves, GB/s (published colocated refits: 3-15)."""
+    sync_fixed_s: float = 3.0
+    """Per-refit fixed cost: waking the engine, resetting its prefix cache, per-tensor metadata, seconds."""
+    prompt_mean: float | None = None
+    """Mean prompt tokens; None: ``prompt_frac`` x data.max_prompt_tokens."""
+    response_mean: float | None = None
+    """Mean response tokens; None: ``response_frac`` x rollout.max_new_tokens."""
+    response_max: float | None = None
+    """Longest response of one engine's batch (the straggler tail); None: rollout.max_new_tokens."""
     reserve_gb: float = 3.0
     """CUDA context, NCCL buffers and allocator fragmentation, GiB."""
     engine_overhead_gb: float = 2.0
@@ -166,6 +186,10 @@ class Plan:
     time: StepTime | None = None
     kv_seqs: int = 0
     """Full-length sequences the engine's KV pool holds at once (per engine)."""
+    engines: int = 0
+    """Rollout engines the generation time assumes (world / vllm_tp: the fleet design)."""
+    tail: float = 0.0
+    """Longest response per engine batch the generation time assumes, tokens."""
     reasons: list[str] = field(default_factory=list)
 
     @property
@@ -265,6 +289,14 @@ def active_params(spec: ArchSpec) -> float:
     return float(p)
 
 
+def expert_active_params(spec: ArchSpec) -> float:
+    """Routed-expert parameters touched per token (top-k experts of every layer); 0 for dense models."""
+    if not spec.is_moe:
+        return 0.0
+    assert spec.moe_ffn_hidden_size
+    return float(spec.num_layers * spec.moe_router_topk * 3 * spec.hidden_size * spec.moe_ffn_hidden_size)
+
+
 def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_per_node: int,
              hw: Assumptions | None = None) -> Plan:
     """Memory and time for ``cfg`` on ``nodes x gpus_per_node`` GPUs with layout ``lay``.
@@ -309,7 +341,11 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     d_dense = dp if lay.distributed_optimizer else 1
     d_expert = max(1, dp // lay.ep) if lay.distributed_optimizer else 1
     elt = 2 if bf16 else 4
-    avg_prompt, avg_resp = max_prompt * hw.prompt_frac, ro.max_new_tokens * hw.response_frac
+    avg_prompt = hw.prompt_mean if hw.prompt_mean is not None else max_prompt * hw.prompt_frac
+    avg_resp = hw.response_mean if hw.response_mean is not None else ro.max_new_tokens * hw.response_frac
+    tail = min(ro.max_new_tokens, hw.response_max if hw.response_max is not None else ro.max_new_tokens)
+    if avg_resp > tail:
+        reasons.append(f"mean response {avg_resp:.0f} tokens > longest response {tail:.0f}")
     avg_seq = avg_prompt + avg_resp
     tokens_per_rank_mini = seqs_per_mini * avg_seq / dp
     n_micro = max(1, math.ceil(tokens_per_rank_mini / tr.max_tokens_per_micro_batch))
@@ -359,19 +395,30 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
         f_fwd += 4 * spec.num_layers * spec.num_attention_heads * spec.kv_channels * n_tok * n_seqs * avg_seq
     else:
         f_fwd += 2 * spec.num_layers * spec.num_attention_heads * spec.kv_channels * avg_seq**2 * n_seqs
-    cluster = world * hw.peak_tflops * 1e12 * hw.mfu
-    old_lp = f_fwd * (2 if tr.reference_model else 1) / cluster
-    update = f_fwd * (4 if lay.recompute == "full" else 3) / cluster
+    f_exp = 2 * expert_active_params(spec) * n_seqs * avg_seq
+    peak = world * hw.peak_tflops * 1e12
+    fwd_s = (f_fwd - f_exp) / (peak * hw.mfu) + f_exp / (peak * hw.moe_expert_mfu)
+    old_lp = fwd_s * (2 if tr.reference_model else 1)
+    update = fwd_s * (4 if lay.recompute == "full" else 3)
     engines = world // lay.vllm_tp if world % lay.vllm_tp == 0 else 1
     per_engine = math.ceil(n_seqs / engines)
     live = avg_prompt + avg_resp / 2
     conc = max(1, min(per_engine, int(max(0.0, kv_pool) // (kvpt * live))))
-    waves = math.ceil(per_engine / conc)
-    t_bw = (engine_w + conc * live * kvpt) / (hw.hbm_tb_s * 1e12 * hw.decode_bw_eff)
-    t_fl = 2 * p_act * conc / (lay.vllm_tp * hw.peak_tflops * 1e12 * hw.mfu)
-    gen = avg_resp * waves * max(t_bw, t_fl)
-    sync = 2 * p_total / (hw.sync_gb_s * 1e9)
+    w_full = w_tail = engine_w
+    if spec.is_moe:
+        assert spec.num_moe_experts and spec.moe_ffn_hidden_size
+        e, k = spec.num_moe_experts, spec.moe_router_topk
+        w_exp = 2 * spec.num_layers * e * 3 * spec.hidden_size * spec.moe_ffn_hidden_size / lay.vllm_tp
+        w_full = engine_w - w_exp * (1 - moe_touched_fraction(conc, e, k))
+        w_tail = engine_w - w_exp * (1 - moe_touched_fraction(1, e, k))
+    load = EngineLoad(seqs=per_engine, conc=conc, prompt=avg_prompt, mean=avg_resp, tail=tail,
+                      weight_bytes_full=w_full, weight_bytes_tail=w_tail, kv_token_bytes=kvpt,
+                      active_params=p_act, vllm_tp=lay.vllm_tp)
+    gen = generation_seconds(load, hbm_tb_s=hw.hbm_tb_s, decode_eff=hw.decode_bw_eff,
+                             peak_tflops=hw.peak_tflops, mfu=hw.mfu)
+    sync = hw.sync_fixed_s + 2 * p_total / (hw.sync_gb_s * 1e9)
     return Plan(layout=lay, world=world, dp=dp, memory=mem, kv_seqs=kv_seqs, reasons=reasons,
+                engines=engines, tail=tail,
                 time=StepTime(generation=gen, old_logprob=old_lp, update=update, sync=sync))
 
 
@@ -434,5 +481,7 @@ def format_plan(plan: Plan, title: str = "") -> str:
         t = plan.time
         lines.append(f"  step s: generation {t.generation:.0f}  old-logprob {t.old_logprob:.0f}  update "
                      f"{t.update:.0f}  sync {t.sync:.1f}  total {t.total:.0f}")
+        lines.append(f"  generation assumes {plan.engines} engines of vllm_tp={lay.vllm_tp} GPUs (the rollout "
+                     f"fleet; the trainer builds one engine today) and a longest response of {plan.tail:.0f} tokens")
     lines += [f"  REFUSED: {r}" for r in plan.reasons] or ["  fits"]
     return "\n".join(lines)

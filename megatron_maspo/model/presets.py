@@ -79,6 +79,30 @@ def llama3_70b() -> ArchSpec:
                     tie_word_embeddings=False, extra={"bos_token_id": 128000, "eos_token_id": 128001})
 
 
+def llama31_8b() -> ArchSpec:
+    """meta-llama/Llama-3.1-8B(-Instruct) (8.0 B, GQA 32/8, 128k context with llama3 rope scaling)."""
+    return ArchSpec(family="llama", num_layers=32, hidden_size=4096, ffn_hidden_size=14336,
+                    num_attention_heads=32, num_query_groups=8, kv_channels=128, vocab_size=128256,
+                    max_position_embeddings=131072, rotary_base=500000.0, layernorm_epsilon=1e-5,
+                    tie_word_embeddings=False, extra={"bos_token_id": 128000, "eos_token_id": 128001})
+
+
+def llama31_70b() -> ArchSpec:
+    """meta-llama/Llama-3.1-70B (also Llama-3.3-70B: same shapes; 128k context)."""
+    spec = llama3_70b()
+    spec.max_position_embeddings = 131072
+    return spec
+
+
+def qwen3_32b() -> ArchSpec:
+    """Qwen/Qwen3-32B (32.8 B; 64 layers, GQA 64/8, head_dim 128, QK-norm, no QKV bias, untied head)."""
+    return ArchSpec(family="qwen3", num_layers=64, hidden_size=5120, ffn_hidden_size=25600,
+                    num_attention_heads=64, num_query_groups=8, kv_channels=128, vocab_size=151936,
+                    max_position_embeddings=40960, rotary_base=1000000.0, layernorm_epsilon=1e-6,
+                    qk_layernorm=True, tie_word_embeddings=False,
+                    extra={"bos_token_id": 151643, "eos_token_id": 151645})
+
+
 def qwen3_30b_a3b() -> ArchSpec:
     """Qwen/Qwen3-30B-A3B (30.5 B total, 3.3 B active; 128 experts, top-8, QK-norm, head_dim 128)."""
     return ArchSpec(family="qwen3_moe", num_layers=48, hidden_size=2048, ffn_hidden_size=6144,
@@ -105,6 +129,10 @@ PRESETS: dict[str, Callable[[], ArchSpec]] = {
     "qwen2.5-7b": qwen25_7b,
     "qwen2.5-14b": qwen25_14b,
     "llama3-70b": llama3_70b,
+    "llama3.1-8b": llama31_8b,
+    "llama3.1-70b": llama31_70b,
+    "llama3.3-70b": llama31_70b,
+    "qwen3-32b": qwen3_32b,
     "qwen3-30b-a3b": qwen3_30b_a3b,
     "smollm2-135m": smollm2_135m,
 }

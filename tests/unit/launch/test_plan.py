@@ -53,9 +53,14 @@ def test_dense_7b_memory_and_time_match_hand_computation():
     assert plan.time.old_logprob == pytest.approx(f_fwd / cluster)
     assert plan.time.update == pytest.approx(4 * f_fwd / cluster)  # 3 (fwd+bwd) + 1 recompute
     conc = min(128, int(pool // (kvpt * 2560)))  # 4096 seqs over 32 engines; live context 512 + 4096/2
-    step = max((2 * p_total + conc * 2560 * kvpt) / (3.35e12 * 0.5), 2 * p_act * conc / (989e12 * 0.35))
-    assert plan.time.generation == pytest.approx(4096 * math.ceil(128 / conc) * step)
-    assert plan.time.sync == pytest.approx(2 * p_total / 20e9)
+    waves = math.ceil(128 / conc)
+    # Each earlier wave lasts the mean (4096), the last one the tail (max_new_tokens = 8192): one weight
+    # read per step; every generated token reads its context (512 prompt + 4096/2 on average).
+    reads = (waves * 4096 + (8192 - 4096)) * 2 * p_total + 128 * 4096 * 2560 * kvpt
+    decode = max(reads / (3.35e12 * 0.45), 128 * 4096 * 2 * p_act / (989e12 * 0.35))
+    prefill = 128 * 512 * 2 * p_act / (989e12 * 0.35)
+    assert plan.time.generation == pytest.approx(prefill + decode)
+    assert plan.time.sync == pytest.approx(3.0 + 2 * p_total / 10e9)
 
 
 def test_moe_memory_matches_hand_computation():

@@ -16,6 +16,10 @@ PUBLISHED = {
     "qwen2.5-7b": 7_615_616_512,
     "qwen2.5-14b": 14_770_033_664,
     "llama3-70b": 70_553_706_496,
+    "llama3.1-8b": 8_030_261_248,
+    "llama3.1-70b": 70_553_706_496,
+    "llama3.3-70b": 70_553_706_496,
+    "qwen3-32b": 32_762_123_264,  # from config.json shapes; the model card rounds to 32.8 B
     "qwen3-30b-a3b": 30_532_122_624,
     "smollm2-135m": 134_515_008,
 }

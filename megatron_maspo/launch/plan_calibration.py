@@ -1,0 +1,120 @@
+"""The planner against published RL step splits: each run as a ``maspo plan`` command and its ratios.
+
+The runs are the NeMo-RL v0.3 release blog's Megatron-backend GRPO runs (H100-80G, bf16, vLLM rollouts,
+64 prompts x 32 samples per step, a KL reference model). The blog gives the model, GPU count, training
+layout, maximum length, mean response length and the measured seconds per phase; everything else
+(vLLM TP, prompt length, micro-batch budget) is our assumption and is stated in ``SHARED`` / each run.
+
+    python -m megatron_maspo.launch.plan_calibration      # prints the table of docs/planner-calibration.md
+    python -m megatron_maspo.launch.plan_calibration --exponential-tail   # the rejected tail model
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PHASES = ("update", "sync", "generation", "old_logprob", "total")
+"""Planner phases compared; the blog's names: train, refit, generation, log-prob, step."""
+
+BASE_RECIPE = "qwen25_7b_maspo"
+"""Any recipe works as the base: every field that matters is overridden below."""
+
+PROMPT_MEAN = 150
+"""Assumed mean prompt tokens (a math problem in a chat template); the blog does not state it."""
+
+SHARED = ("train.prompts_per_step=64", "rollout.group_size=32", "train.mini_batches_per_step=1",
+          "train.reference_model=true", "rollout.vllm_gpu_memory_utilization=0.45",
+          "parallel.distributed_optimizer=true", "data.max_prompt_tokens=512", "model.recompute=null")
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One published run: how to plan it, and its measured phase seconds."""
+
+    name: str
+    nodes: int
+    sets: tuple[str, ...]
+    response_mean: float
+    measured: dict[str, float]
+    """Seconds per phase under the planner's names (PHASES)."""
+    response_max: float | None = None
+
+    def argv(self) -> list[str]:
+        """``maspo plan`` arguments reproducing this run."""
+        out = [BASE_RECIPE, "--nodes", str(self.nodes), "--gpus-per-node", "8"]
+        for s in (*SHARED, *self.sets):
+            out += ["--set", s]
+        out += ["--prompt-mean", str(PROMPT_MEAN), "--response-mean", str(self.response_mean)]
+        if self.response_max is not None:
+            out += ["--response-max", str(self.response_max)]
+        return out
+
+
+def _m(step: float, train: float, refit: float, gen: float, lp: float) -> dict[str, float]:
+    return {"total": step, "update": train, "sync": refit, "generation": gen, "old_logprob": lp}
+
+
+RUNS = (
+    PublishedRun("Llama-3.1-8B-Instruct, 8 GPUs", 1,
+                 ("model.arch=llama3.1-8b", "parallel.tp=2", "rollout.vllm_tp=1",
+                  "rollout.max_new_tokens=3584", "train.max_tokens_per_micro_batch=4096"),
+                 795, _m(112, 28, 5, 58, 18)),
+    PublishedRun("Llama-3.1-70B, 64 GPUs, TP4 PP4", 8,
+                 ("model.arch=llama3.1-70b", "rollout.vllm_gpu_memory_utilization=0.6", "parallel.tp=4", "parallel.pp=4", 
+                  "rollout.vllm_tp=4", "rollout.max_new_tokens=3584", "train.max_tokens_per_micro_batch=4096"),
+                 398, _m(147, 28, 14, 84, 18)),
+    PublishedRun("Qwen3-30B-A3B, 64 GPUs, EP8 TP2", 8,
+                 ("model.arch=qwen3-30b-a3b", "parallel.tp=1", "parallel.ep=8", "rollout.vllm_tp=2",
+                  "rollout.max_new_tokens=3584", "train.max_tokens_per_micro_batch=4096"),
+                 3251, _m(167, 50, 12, 78, 23)),
+    PublishedRun("Qwen3-32B, 64 GPUs, TP4 PP2", 8,
+                 ("model.arch=qwen3-32b", "parallel.tp=4", "parallel.pp=2", 
+                  "rollout.vllm_tp=4", "rollout.max_new_tokens=3584", "train.max_tokens_per_micro_batch=4096"),
+                 3283, _m(213, 68, 7, 96, 40)),
+    PublishedRun("Llama-3.3-70B, 128 GPUs, CP4, 16k", 16,
+                 ("model.arch=llama3.3-70b", "rollout.vllm_gpu_memory_utilization=0.6", "model.recompute=full", "parallel.tp=8", "parallel.pp=4", 
+                  "rollout.vllm_tp=4", "rollout.max_new_tokens=15872",
+                  "train.max_tokens_per_micro_batch=16384"),
+                 749, _m(445, 64, 17, 287, 75)),
+)
+
+
+def planned(run: PublishedRun, exponential_tail: bool = False) -> dict[str, float]:
+    """The planner's seconds per phase for ``run`` (the same path as ``maspo plan``).
+
+    ``exponential_tail``: instead of the budget, take as tail the expected longest of each engine's
+    responses were their lengths exponential with the published mean (the comparison in the docs).
+    """
+    from megatron_maspo.config import resolve_config
+    from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
+    from megatron_maspo.launch.plan_rollout import exponential_expected_max
+
+    world = run.nodes * 8
+    cfg = resolve_config(BASE_RECIPE, None, [f"parallel.world_size={world}", *SHARED, *run.sets])
+    tail = run.response_max
+    if exponential_tail:
+        per_engine = -(-cfg.train.prompts_per_step * cfg.rollout.group_size // (world // cfg.rollout.vllm_tp))
+        tail = exponential_expected_max(run.response_mean, per_engine)
+    hw = Assumptions(prompt_mean=PROMPT_MEAN, response_mean=run.response_mean, response_max=tail)
+    plan = estimate(cfg, arch_of(cfg), layout_of(cfg), nodes=run.nodes, gpus_per_node=8, hw=hw)
+    assert plan.time is not None, plan.reasons
+    t = plan.time
+    return {"update": t.update, "sync": t.sync, "generation": t.generation, "old_logprob": t.old_logprob,
+            "total": t.total}
+
+
+def table(exponential_tail: bool = False) -> str:
+    """Markdown: per run, planner seconds / measured seconds per phase."""
+    head = "| run | " + " | ".join(f"{p} planned/measured s (ratio)" for p in PHASES) + " |"
+    rows = [head, "|" + "---|" * (len(PHASES) + 1)]
+    for run in RUNS:
+        got = planned(run, exponential_tail)
+        cells = [f"{got[p]:.0f}/{run.measured[p]:.0f} ({got[p] / run.measured[p]:.2f})" for p in PHASES]
+        rows.append(f"| {run.name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(table(exponential_tail="--exponential-tail" in sys.argv[1:]))

@@ -1,0 +1,83 @@
+"""Generation-time model: the straggler tail, KV reads per token, waves, MoE weight reads, CLI inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from megatron_maspo.cli.main import main
+from megatron_maspo.config import load_recipe
+from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
+from megatron_maspo.launch.plan_rollout import (
+    EngineLoad,
+    exponential_expected_max,
+    generation_seconds,
+    moe_touched_fraction,
+)
+
+HW = dict(hbm_tb_s=2.0, decode_eff=0.5, peak_tflops=1000.0, mfu=0.5)
+LOAD = EngineLoad(seqs=10, conc=4, prompt=100, mean=200, tail=1000, weight_bytes_full=1e9,
+                  weight_bytes_tail=1e9, kv_token_bytes=1000.0, active_params=1e6, vllm_tp=1)
+
+
+def test_hand_computed_generation_with_tail_and_waves():
+    # 3 waves: 2 end with the mean (200 steps each), the last lasts the tail (1000) -> 1400 weight reads;
+    # 10 x 200 tokens each read 100 + 100 context tokens of 1000 bytes.
+    reads = 1400 * 1e9 + 10 * 200 * 200 * 1000
+    prefill = 10 * 100 * 2e6 / 5e14
+    assert generation_seconds(LOAD, **HW) == pytest.approx(prefill + reads / 1e12)
+
+
+def test_tail_dominates_when_weights_dominate():
+    short = dataclasses.replace(LOAD, tail=200)
+    assert generation_seconds(LOAD, **HW) / generation_seconds(short, **HW) == pytest.approx(
+        (1400e9 + 4e8) / (600e9 + 4e8), rel=1e-4)
+
+
+def test_moe_touched_fraction():
+    assert moe_touched_fraction(1, 128, 8) == pytest.approx(8 / 128)
+    assert moe_touched_fraction(256, 128, 8) > 0.99
+
+
+def test_response_lengths_are_inputs_and_a_shorter_tail_is_faster():
+    cfg = load_recipe("r1_distill_qwen_7b_maspo")
+    spec, lay = arch_of(cfg), layout_of(cfg)
+    plan = lambda **kw: estimate(cfg, spec, lay, nodes=4, gpus_per_node=8, hw=Assumptions(**kw))  # noqa: E731
+    default = plan()
+    assert plan(response_mean=4096, response_max=8192).time == default.time  # the defaults spelled out
+    short = plan(response_mean=4096, response_max=5000)
+    assert short.time.generation < default.time.generation
+    assert short.time.update == default.time.update
+    longer = plan(response_mean=6000)
+    assert longer.time.update > default.time.update and longer.time.generation > default.time.generation
+    bad = plan(response_mean=9000, response_max=8192)
+    assert any("mean response 9000" in r for r in bad.reasons)
+
+
+def test_moe_expert_flops_run_at_their_own_utilisation():
+    cfg = load_recipe("qwen3_30b_a3b_maspo")
+    spec, lay = arch_of(cfg), layout_of(cfg)
+    slow = estimate(cfg, spec, lay, nodes=4, gpus_per_node=8, hw=Assumptions(moe_expert_mfu=0.03))
+    fast = estimate(cfg, spec, lay, nodes=4, gpus_per_node=8, hw=Assumptions(moe_expert_mfu=0.35))
+    assert slow.time.update > 3 * fast.time.update
+    dense = load_recipe("r1_distill_qwen_7b_maspo")
+    a = estimate(dense, arch_of(dense), layout_of(dense), nodes=4, gpus_per_node=8,
+                 hw=Assumptions(moe_expert_mfu=0.03))
+    b = estimate(dense, arch_of(dense), layout_of(dense), nodes=4, gpus_per_node=8,
+                 hw=Assumptions(moe_expert_mfu=0.35))
+    assert a.time == b.time  # dense models have no expert FLOPs
+
+
+def test_cli_response_flags(capsys):
+    assert main(["plan", "r1_distill_qwen_7b_maspo", "--nodes", "4", "--response-mean", "2500",
+                 "--response-max", "6000"]) == 0
+    out = capsys.readouterr().out
+    assert "'response_mean': 2500.0" in out and "'response_max': 6000.0" in out
+    assert "32 engines of vllm_tp=1 GPUs" in out and "longest response of 6000 tokens" in out
+    assert main(["plan", "r1_distill_qwen_7b_maspo", "--nodes", "4", "--response-mean", "-1"]) == 2
+
+
+def test_exponential_expected_max_is_mean_times_harmonic_number():
+    assert exponential_expected_max(100.0, 1) == pytest.approx(100.0)
+    assert exponential_expected_max(100.0, 4) == pytest.approx(100.0 * (1 + 1 / 2 + 1 / 3 + 1 / 4))
