@@ -4,7 +4,7 @@
     MASPO_FAULT="rank=1,step=2,kind=nan"     # rank 1's loss sees NaN log-probs during step 2
 
 The variable is read here and nowhere else, once per process; unset (the normal case) every hook is a
-no-op costing one attribute check. ``step`` counts RL steps from 0 like ``metrics.jsonl``; ``rank``
+no-op costing one attribute check. ``step`` counts RL steps from 1 like the console and ``metrics.jsonl``; ``rank``
 is the global rank.
 """
 

@@ -301,7 +301,7 @@ class Trainer:
         """Generate, grade, filter, train and sync once; returns this step's metrics (same on every rank)."""
         cfg, tc = self.cfg, self.cfg.train
         self.timings = {k: 0.0 for k in ("time/generate", "time/grade", "time/train", "time/sync")}
-        faults.at_step(self.step)  # MASPO_FAULT test hook; a no-op otherwise
+        faults.at_step(self.step + 1)  # MASPO_FAULT hook (steps numbered from 1, as logged); else a no-op
         t_start = time.perf_counter()
         offloaded = self.offloader.offload()  # colocation: the engine gets the trainer's memory
         kept: list[PromptGroup] = []

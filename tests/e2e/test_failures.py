@@ -44,16 +44,16 @@ def test_exception_on_one_rank_ends_the_job_with_its_traceback(tmp_path):
                                err).group(1))
     assert ended - injected < 60, f"job ended {ended - injected:.0f} s after the fault"
     steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [0, 1]
+    assert steps == [1]  # step 1 finished; step 2 failed on rank 1
 
 
 def test_nan_with_skip_skips_that_step_on_both_ranks_and_continues(tmp_path):
     out, _ = _torchrun(tmp_path / "run", "rank=1,step=2,kind=nan", "loss.nonfinite=skip")
     assert out.returncode == 0, out.stderr[-4000:]
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in recs] == [0, 1, 2, 3]
+    assert [r["step"] for r in recs] == [1, 2, 3, 4]
     skipped = [r["actor/steps_skipped"] for r in recs]
-    assert skipped[2] > 0 and skipped[0] == skipped[1] == skipped[3] == 0, skipped
+    assert skipped[1] > 0 and skipped[0] == skipped[2] == skipped[3] == 0, skipped  # step 2 only
     for rank in (0, 1):
         assert f"skipped on rank {rank}" in out.stderr
     assert (tmp_path / "run" / "checkpoints" / "step_4").is_dir()
