@@ -149,7 +149,7 @@ class BuiltinEngine:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate: prompts must be a non-empty list of non-empty token-id lists")
         rows = [(i, j) for i in range(len(prompts)) for j in range(params.n)]
-        gens = [self._row_generator(params.seed, i, j) for i, j in rows]
+        gens = [self._row_generator(params.seed, params.first_prompt + i, j) for i, j in rows]
         dev = self.device
         ids, mask = (t.to(dev) for t in _left_pad([prompts[i] for i, _ in rows]))
         pos = (mask.cumsum(-1) - 1).clamp_min(0)

@@ -28,6 +28,9 @@ class SamplingParams:
     """Generation stops after emitting any of these (the stop token is kept in ``token_ids``)."""
     seed: int | None = None
     """Base seed; with a seed, generation is deterministic for the same prompts and weights."""
+    first_prompt: int = 0
+    """Position of ``prompts[0]`` in the step's whole prompt list. Engines that seed per prompt use
+    ``first_prompt + i``, so a prompt's samples do not depend on how the fleet splits the step."""
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -38,6 +41,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.first_prompt < 0:
+            raise ValueError(f"SamplingParams.first_prompt must be >= 0, got {self.first_prompt}")
 
 
 @dataclass(kw_only=True)

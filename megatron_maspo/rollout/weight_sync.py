@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -52,40 +52,48 @@ def bucket_bytes_from_mb(bucket_mb: float) -> int:
     return int(bucket_mb * 2**20)
 
 
-def is_sender(sender_rank: int = 0) -> bool:
-    """True on the one rank that talks to the engine (global rank ``sender_rank``; True without a world)."""
-    return not dist.is_initialized() or dist.get_rank() == sender_rank
+def _ranks(sender_rank: int | Sequence[int]) -> set[int]:
+    return {sender_rank} if isinstance(sender_rank, int) else set(sender_rank)
 
 
-def joins_export(groups: ParallelGroups, sender_rank: int = 0) -> bool:
-    """Whether this rank must iterate the export for ``sender_rank``'s engine.
+def is_sender(sender_rank: int | Sequence[int] = 0) -> bool:
+    """True on a rank that talks to an engine (one of ``sender_rank``; True without a world)."""
+    return not dist.is_initialized() or dist.get_rank() in _ranks(sender_rank)
+
+
+def joins_export(groups: ParallelGroups, sender_rank: int | Sequence[int] = 0) -> bool:
+    """Whether this rank must iterate the export for the engines owned by ``sender_rank`` (one or several).
 
     The export's collectives run over the TP, PP and EP groups. Without expert parallelism they
-    stay inside one model-parallel (TP x PP) replica, so only the sender's replica has to gather:
-    the other data-parallel replicas hold identical weights and would only repeat the gathers for
-    nobody. With EP > 1 the expert gather spans data-parallel ranks, so every rank joins.
+    stay inside one model-parallel (TP x PP) replica, so only replicas holding an engine owner have to
+    gather (each once, however many of its ranks own engines); the other data-parallel replicas hold
+    identical weights and would only repeat the gathers for nobody. With EP > 1 the expert gather spans
+    data-parallel ranks, so every rank joins (the only cross-replica traffic of a sync).
     """
     if not dist.is_initialized() or groups.ep > 1 or groups.dp == 1:
         return True
-    return sender_rank in dist.get_process_group_ranks(groups.mp_group)
+    return bool(_ranks(sender_rank) & set(dist.get_process_group_ranks(groups.mp_group)))
 
 
 def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: ParallelGroups, engine: Engine | None,
                  *, bucket_bytes: int, dtype: torch.dtype | None = None, verify_checksums: bool = True,
-                 sender_rank: int = 0) -> SyncStats:
-    """Push the current Megatron weights into ``engine``; collective over the sender's replica.
+                 sender_rank: int | Sequence[int] = 0) -> SyncStats:
+    """Push the current Megatron weights into every engine; collective over the replicas that feed one.
 
-    Every rank calls it; ranks of other data-parallel replicas return at once (:func:`joins_export`).
+    Every rank calls it; ranks of replicas without an engine owner return at once (:func:`joins_export`).
+    With a fleet (``sender_rank`` = every owner, ``FleetLayout.engine_ranks``) each replica exports once
+    and every owner in it packs its own engine's buckets from the stream it already holds: with
+    TP = PP = 1 that is a local export per rank, no collective at all.
 
     Args:
         chunks: this rank's ``GPTModel`` chunks.
         spec: the architecture the chunks were built from.
         groups: this rank's parallel groups.
-        engine: the rollout engine on the sender rank; ignored (may be None) on the others.
+        engine: the rollout engine on a sender rank; ignored (may be None) on the others.
         bucket_bytes: bucket capacity; must hold the largest single tensor (else ``ValueError`` naming it).
         dtype: rollout dtype; tensors are cast on their owning stage before any broadcast.
         verify_checksums: compute crc32 per bucket here and verify it on the engine side.
-        sender_rank: global rank that owns the engine.
+        sender_rank: global rank(s) owning an engine.
 
     Returns:
         Counts and wall time on the sender; zeros on the other ranks.
@@ -104,7 +112,7 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
             pass
         return stats
     if engine is None:
-        raise ValueError(f"sync_weights: engine is None on the sender rank {sender_rank}")
+        raise ValueError(f"sync_weights: engine is None on the sender rank {dist.get_rank()}")
     start = time.perf_counter()
     buckets = _counted(pack_buckets(stream, bucket_bytes, with_checksum=verify_checksums), stats)
     load_buckets = getattr(engine, "load_buckets", None)

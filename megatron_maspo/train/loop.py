@@ -2,11 +2,11 @@
 
     for step in steps:
         prompts   = next B prompts                    (deterministic order, resumable)
-        responses = engine.generate(prompts, n=G)     (rank 0; tagged with the policy version)
-        rewards   = math-verify(responses, answers)   (process pool, per-item deadline)
+        responses = engine.generate(prompts, n=G)     (every engine its shard; tagged with the policy version)
+        rewards   = math-verify(responses, answers)   (process pool, per-item deadline; where generated)
         advantages= group-normalise(rewards)          (GRPO / Dr.GRPO / RLOO)
         metrics   = actor.train_step(samples)         (old log-probs, mini-batches, optimizer steps)
-        sync_weights(actor -> engine)                 (bucketed, checksummed)
+        sync_weights(actor -> engines)                (each replica feeds its own engines, bucketed)
         log, checkpoint (periodic and on SIGTERM/SIGINT)
 
 Commands (nanochat-style):
@@ -31,10 +31,11 @@ from megatron_maspo.config import MaspoConfig, save_config
 from megatron_maspo.loss.advantages import compute_advantages
 from megatron_maspo.loss.group_stats import prompt_group_stats
 from megatron_maspo.parallel import comm
-from megatron_maspo.rollout.types import SamplingParams
+from megatron_maspo.rollout.fleet import build_fleet
 from megatron_maspo.train import faults
 from megatron_maspo.train.components import PromptOrder, build_engine, build_policy_source
-from megatron_maspo.train.distributed import broadcast_object, setup_distributed
+from megatron_maspo.train.distributed import setup_distributed
+from megatron_maspo.train.fleet_rollout import fleet_metrics, reward_totals
 from megatron_maspo.train.memory import GB, PhaseMemory
 from megatron_maspo.train.offload import (
     StateOffloader,
@@ -46,7 +47,6 @@ from megatron_maspo.train.progress import Progress
 from megatron_maspo.train.rollout_batch import (
     PromptGroup,
     group_metrics,
-    overlong_penalty,
     rewards_tensor,
     select_groups,
 )
@@ -115,7 +115,11 @@ class Trainer:
         self.tokenizer, self.spec, init = build_policy_source(cfg, self.groups)
         self.actor = MegatronActor(cfg, self.spec, self.groups, init_weights=init)
         self.memory, self.offloader = _memory_hooks(self.actor, cfg)
-        self.engine = build_engine(cfg, self.spec, self.tokenizer) if self.rank == 0 else None
+        self.fleet = build_fleet(cfg, world)  # the same object the planner reads
+        self.engine_id = self.fleet.engine_of(self.rank)
+        self.engine = build_engine(cfg, self.spec, self.tokenizer) if self.engine_id is not None else None
+        if self.rank == 0:
+            logger.info("rollout fleet: %s", self.fleet.describe(cfg.train.prompts_per_step))
         self.examples = self._load_examples()
         self.step = 0
         state: dict = {}
@@ -130,6 +134,7 @@ class Trainer:
         self.order = PromptOrder(len(self.examples), cfg.train.seed, state.get("epoch", 0),
                                  state.get("cursor", 0))
         self.sft_done = bool(state.get("sft_done", False))
+        self.reward_totals: dict[str, int] = {}
         self.progress = Progress(total=cfg.train.steps, enabled=False)  # run() puts up the live one
         if self.rank == 0:
             save_config(cfg, self.run_dir / "config.yaml")
@@ -143,34 +148,17 @@ class Trainer:
 
     # ---------------------------------------------------------------- phases
     def generate(self, idx: list[int], step: int, round_: int) -> list[PromptGroup]:
-        """Rank 0 samples G responses per prompt and grades them; every rank gets the groups."""
-        from megatron_maspo.train.grading import grade_groups
+        """Every engine samples G responses for its shard of ``idx`` and grades them; every rank gets all
+        groups, in ``idx`` order (``train/fleet_rollout.py``)."""
+        from megatron_maspo.train.fleet_rollout import gather_shards, generate_shard
 
-        groups = None
-        if self.rank == 0:
-            rc = self.cfg.rollout
-            params = SamplingParams(n=rc.group_size, temperature=rc.temperature, top_p=rc.top_p,
-                                    max_tokens=rc.max_new_tokens,
-                                    stop_token_ids=[self.tokenizer.eos_token_id],
-                                    seed=self.cfg.train.seed * 7919 + step * 101 + round_)
-            prompts = [self.examples[i].prompt_ids for i in idx]
-            n_seq = len(prompts) * rc.group_size
-            t0 = time.perf_counter()
-            with self.memory.phase("generate"), \
-                    self.progress.phase("generate", n_seq, "seq") as advance:
-                comps = self.engine.generate(prompts, params, progress=advance)
-            self.timings["time/generate"] += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            with self.memory.phase("grade"), self.progress.phase("grade", n_seq, "resp") as advance:
-                groups = grade_groups(self.reward_fn, self.tokenizer, idx, prompts,
-                                      [self.examples[i].answer for i in idx], comps, progress=advance)
-            self.timings["time/grade"] += time.perf_counter() - t0
-            tc = self.cfg.train
-            for g in groups:
-                for j, c in enumerate(g.completions_G):
-                    g.rewards_G[j] += overlong_penalty(len(c.token_ids), rc.max_new_tokens,
-                                                       tc.overlong_buffer)
-        return broadcast_object(groups)
+        local = generate_shard(self, idx, step, round_) if self.engine is not None else None
+        groups, rounds = gather_shards(local, self.fleet, len(idx))
+        # the phase lasts as long as its slowest engine
+        self.timings["time/generate"] += max(r.seconds for r in rounds)
+        self.timings["time/grade"] += max(r.grade_seconds for r in rounds)
+        self.engine_rounds += rounds
+        return groups
 
     def build_samples(self, groups: list[PromptGroup]) -> list[Sample]:
         """One ``Sample`` per kept response, with its group advantage ``adv[P, G]`` (same on every rank)."""
@@ -212,7 +200,8 @@ class Trainer:
         return comm.broadcast_object(out, src=(g.pp - 1) * g.tp * g.dp)
 
     def sync(self) -> float:
-        """Push the actor's weights into the engine (collective over all ranks); returns seconds on rank 0."""
+        """Push the actor's weights into every engine (collective over all ranks); returns seconds on
+        engine-owning ranks (0 elsewhere)."""
         from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
 
         dtype = torch.bfloat16 if self.cfg.model.bf16 else torch.float32
@@ -221,8 +210,10 @@ class Trainer:
                 self.engine.wake_up()  # level 1 kept (offloaded) weights; level 2 is woken by the load
             stats = sync_weights(self.actor.named_modules_unwrapped(), self.spec, self.groups,
                                  self.engine, bucket_bytes=bucket_bytes_from_mb(self.cfg.rollout.bucket_mb),
-                                 dtype=dtype, verify_checksums=self.cfg.rollout.verify_checksums)
+                                 dtype=dtype, verify_checksums=self.cfg.rollout.verify_checksums,
+                                 sender_rank=self.fleet.engine_ranks)
         self.version += 1
+        self.sync_gb_per_s = stats.gb_per_s  # engine 0's (rank 0 logs); every owner moves the same bytes
         return stats.seconds
 
     def save(self) -> None:
@@ -247,7 +238,7 @@ class Trainer:
 
         cfg, tc = self.cfg, self.cfg.train
         stop = StopRequest()
-        self.reward_fn = MathReward(cfg.reward) if self.rank == 0 else None
+        self.reward_fn = MathReward(cfg.reward) if self.engine is not None else None  # grade where generated
         sink = build_sink(self.run_dir, rank=self.rank, tensorboard=cfg.logging.tensorboard,
                           wandb_project=cfg.logging.wandb_project,
                           config=dataclasses.asdict(cfg), resume_step=self.step)
@@ -256,7 +247,8 @@ class Trainer:
                                  enabled=self.rank == 0 and cfg.logging.progress)
         from megatron_maspo.train.eval_hook import TrainingEval
 
-        held_out = TrainingEval(cfg, self.tokenizer, is_engine_rank=self.engine is not None)
+        # Held-out evaluation stays on the first engine (rank 0), between steps.
+        held_out = TrainingEval(cfg, self.tokenizer, is_engine_rank=self.rank == 0)
         try:
             self.progress.open()
             if not self.sft_done and tc.sft_steps > 0:
@@ -267,7 +259,7 @@ class Trainer:
             self.progress.begin_steps()
             while self.step < tc.steps:
                 if held_out.due(self.step):  # eval/* of θ after self.step updates: its own row
-                    sink.log(held_out(self.engine, self.reward_fn), self.step)
+                    sink.log(held_out(self.engine if self.rank == 0 else None, self.reward_fn), self.step)
                 metrics = self.train_one_step()
                 # Steps count from 1 everywhere: "step k/N" on the console, "step": k in metrics.jsonl
                 # and TensorBoard, and checkpoints/step_k after it are all the state after k updates.
@@ -284,7 +276,7 @@ class Trainer:
                     break
             else:
                 if held_out.due(self.step, final=True):  # the final policy, in its own row
-                    sink.log(held_out(self.engine, self.reward_fn), self.step)
+                    sink.log(held_out(self.engine if self.rank == 0 else None, self.reward_fn), self.step)
         finally:
             self.progress.close()
             sink.close()
@@ -301,6 +293,7 @@ class Trainer:
         """Generate, grade, filter, train and sync once; returns this step's metrics (same on every rank)."""
         cfg, tc = self.cfg, self.cfg.train
         self.timings = {k: 0.0 for k in ("time/generate", "time/grade", "time/train", "time/sync")}
+        self.engine_rounds = []  # per-engine figures of this step's rollout rounds (fleet_rollout.py)
         faults.at_step(self.step + 1)  # MASPO_FAULT hook (steps numbered from 1, as logged); else a no-op
         t_start = time.perf_counter()
         offloaded = self.offloader.offload()  # colocation: the engine gets the trainer's memory
@@ -338,11 +331,14 @@ class Trainer:
         metrics = {**group_metrics(seen, max_new_tokens=cfg.rollout.max_new_tokens),
                    **_rename_actor_metrics(actor_metrics), **mismatch, **self.timings,
                    "rollout/dropped_groups": float(dropped), "rollout/policy_version": float(self.version),
+                   "sync/gb_per_s": self.sync_gb_per_s,
                    "data/skipped_rows": float(sum(self.data_skips.values())),
                    "time/step": time.perf_counter() - t_start,
                    **self.memory.pop_metrics(), "memory/offloaded_gb": offloaded / GB}
-        if self.rank == 0 and self.reward_fn is not None:
-            metrics.update({f"reward/{k}_total": float(v) for k, v in self.reward_fn.totals.items()})
+        for k, v in reward_totals(self.engine_rounds).items():  # over every engine's grader
+            self.reward_totals[k] = self.reward_totals.get(k, 0) + v
+        metrics.update({f"reward/{k}_total": float(v) for k, v in self.reward_totals.items()})
+        metrics.update(fleet_metrics(self.engine_rounds, self.fleet.num_engines))
         return metrics
 
 

@@ -1,0 +1,142 @@
+"""One rollout round over the engine fleet: each engine generates and grades its shard, all ranks get all.
+
+    rank owning engine e:  groups_e = grade(engine_e.generate(prompts[shard_e]))     (in parallel)
+    every rank:            groups   = concat(all_gather_object(groups_e))           (global prompt order)
+
+Engine owners are in rank order and shards are contiguous in engine order, so concatenating the gathered
+shards in group-rank order restores the step's prompt order. Sampling seeds depend on the global prompt
+position (``SamplingParams.first_prompt``), so with the built-in engine the groups equal a one-engine run's.
+Per-engine figures (prompts, tokens, seconds, policy version, grader totals) travel with the groups and
+become the ``rollout/*`` metrics (:func:`fleet_metrics`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from megatron_maspo.parallel import comm
+from megatron_maspo.rollout.fleet import FleetLayout
+from megatron_maspo.rollout.types import SamplingParams
+from megatron_maspo.train.rollout_batch import PromptGroup, overlong_penalty
+
+
+@dataclass
+class EngineRound:
+    """What one engine did in one rollout round (picklable; gathered to every rank)."""
+
+    engine: int
+    prompts: int = 0
+    tokens: int = 0
+    """Generated tokens (all G responses of its prompts)."""
+    seconds: float = 0.0
+    """Generation wall time (grading excluded)."""
+    grade_seconds: float = 0.0
+    version: int = 0
+    """Policy version the engine served (its sync count + the resume offset)."""
+    reward_totals: dict[str, int] = field(default_factory=dict)
+    """Grader outcome counts of this round (``reward/<status>_total`` increments)."""
+
+
+def generate_shard(trainer: Any, idx: list[int], step: int, round_: int) -> tuple[list[PromptGroup], EngineRound]:
+    """This rank's engine: sample G responses for its shard of ``idx`` and grade them.
+
+    Args:
+        trainer: the ``Trainer`` (engine, tokenizer, examples, reward_fn, memory and progress meters).
+        idx: dataset indices of the whole round's prompts ``[P]`` (same list on every rank).
+    """
+    from megatron_maspo.train.grading import grade_groups
+
+    cfg, e = trainer.cfg, trainer.engine_id
+    rc, tc = cfg.rollout, cfg.train
+    shard = trainer.fleet.shard(len(idx), e)
+    mine = [idx[i] for i in shard]
+    info = EngineRound(engine=e, prompts=len(mine),
+                       version=trainer.engine.policy_version + trainer._engine_version_offset)
+    if not mine:
+        return [], info
+    params = SamplingParams(n=rc.group_size, temperature=rc.temperature, top_p=rc.top_p,
+                            max_tokens=rc.max_new_tokens, stop_token_ids=[trainer.tokenizer.eos_token_id],
+                            seed=tc.seed * 7919 + step * 101 + round_, first_prompt=shard.start)
+    prompts = [trainer.examples[i].prompt_ids for i in mine]
+    n_seq = len(prompts) * rc.group_size
+    t0 = time.perf_counter()
+    with trainer.memory.phase("generate"), trainer.progress.phase("generate", n_seq, "seq") as advance:
+        comps = trainer.engine.generate(prompts, params, progress=advance)
+    info.seconds = time.perf_counter() - t0
+    info.tokens = sum(len(c.token_ids) for cs in comps for c in cs)
+    before = dict(trainer.reward_fn.totals) if hasattr(trainer.reward_fn, "totals") else {}
+    t0 = time.perf_counter()
+    with trainer.memory.phase("grade"), trainer.progress.phase("grade", n_seq, "resp") as advance:
+        groups = grade_groups(trainer.reward_fn, trainer.tokenizer, mine, prompts,
+                              [trainer.examples[i].answer for i in mine], comps, progress=advance)
+    info.grade_seconds = time.perf_counter() - t0
+    after = dict(getattr(trainer.reward_fn, "totals", {}))
+    info.reward_totals = {k: int(after[k] - before.get(k, 0)) for k in after}
+    for g in groups:
+        for j, c in enumerate(g.completions_G):
+            g.rewards_G[j] += overlong_penalty(len(c.token_ids), rc.max_new_tokens, tc.overlong_buffer)
+    return groups, info
+
+
+def gather_shards(local: tuple[list[PromptGroup], EngineRound] | None, fleet: FleetLayout,
+                  num_prompts: int) -> tuple[list[PromptGroup], list[EngineRound]]:
+    """All engines' groups in the round's prompt order and their per-engine figures, on every rank.
+
+    Args:
+        local: this rank's ``(groups, EngineRound)``; None on ranks that own no engine.
+        num_prompts: P of the round; the gathered groups must number exactly P.
+
+    Raises:
+        RuntimeError: the gathered groups do not add up to P (an engine dropped or repeated a prompt).
+    """
+    parts = comm.all_gather_object(local)
+    groups: list[PromptGroup] = []
+    rounds: list[EngineRound] = []
+    for part in parts:
+        if part is not None:
+            groups += part[0]
+            rounds.append(part[1])
+    if len(groups) != num_prompts or len(rounds) != fleet.num_engines:
+        raise RuntimeError(f"rollout fleet: gathered {len(groups)} groups from {len(rounds)} engines, "
+                           f"expected {num_prompts} from {fleet.num_engines}")
+    return groups, rounds
+
+
+def fleet_metrics(rounds: list[EngineRound], num_engines: int) -> dict[str, float]:
+    """``rollout/*`` fleet figures of one step (several rounds with dynamic sampling are summed per engine).
+
+    Keys: ``rollout/engines``, ``rollout/prompts_per_engine_{min,max}``,
+    ``rollout/gen_tokens_per_s_engine_{mean,min}`` (engines that generated something),
+    ``rollout/engine_policy_version_{min,max}``.
+    """
+    per: dict[int, list[float]] = {e: [0.0, 0.0, 0.0] for e in range(num_engines)}  # prompts, tokens, s
+    versions = []
+    for r in rounds:
+        acc = per[r.engine]
+        acc[0] += r.prompts
+        acc[1] += r.tokens
+        acc[2] += r.seconds
+        versions.append(r.version)
+    prompts = [a[0] for a in per.values()]
+    rates = [a[1] / a[2] for a in per.values() if a[1] and a[2] > 0]
+    out = {"rollout/engines": float(num_engines),
+           "rollout/prompts_per_engine_min": float(min(prompts)),
+           "rollout/prompts_per_engine_max": float(max(prompts))}
+    if rates:
+        out["rollout/gen_tokens_per_s_engine_mean"] = sum(rates) / len(rates)
+        out["rollout/gen_tokens_per_s_engine_min"] = min(rates)
+    if versions:
+        out["rollout/engine_policy_version_min"] = float(min(versions))
+        out["rollout/engine_policy_version_max"] = float(max(versions))
+    return out
+
+
+def reward_totals(rounds: list[EngineRound]) -> dict[str, int]:
+    """Grader outcome counts summed over the engines of the given rounds."""
+    out: dict[str, int] = {}
+    for r in rounds:
+        for k, v in r.reward_totals.items():
+            out[k] = out.get(k, 0) + v
+    return out
