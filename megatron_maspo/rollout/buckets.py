@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -62,6 +63,15 @@ class Bucket:
     """``zlib.crc32`` of ``buffer``'s bytes, computed by the sender; ``None`` when checksums are off."""
     index: int = 0
     """Position of this bucket in the sync (0, 1, ...); lets a receiver name the bad bucket."""
+    release: Callable[[], None] | None = None
+    """Hands a pooled buffer back for the next bucket (``transport.BucketPool``); the consumer calls it
+    once nothing reads ``buffer`` any more. None: a buffer of its own, nothing to do."""
+
+    def done(self) -> None:
+        """Call :attr:`release` once (no-op for unpooled buckets)."""
+        if self.release is not None:
+            rel, self.release = self.release, None
+            rel()
 
 
 def checksum(buffer: torch.Tensor) -> int:
@@ -84,7 +94,8 @@ def min_bucket_mb(nbytes: int) -> int:
 
 
 def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, *,
-                 with_checksum: bool = True, dtype: torch.dtype | None = None) -> Iterator[Bucket]:
+                 with_checksum: bool = True, dtype: torch.dtype | None = None,
+                 alloc: Any = None) -> Iterator[Bucket]:
     """Stream ``(name, tensor)`` pairs into flat buckets of at most ``bucket_bytes`` bytes.
 
     The buffer is allocated per bucket at its exact used size (no plan is cached across calls: every sync
@@ -95,6 +106,8 @@ def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
         bucket_bytes: capacity of one bucket in bytes; a single tensor larger than this raises.
         with_checksum: compute ``Bucket.checksum``.
         dtype: cast floating tensors to this dtype before packing (the rollout dtype), else keep.
+        alloc: a ``transport.BucketPool`` to pack into (its buffers are reused: each bucket's ``release``
+            hands its buffer back); None = a fresh CPU buffer per bucket.
 
     Yields:
         Buckets in stream order; every name appears in exactly one bucket.
@@ -121,21 +134,28 @@ def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
             raise ValueError(f"tensor {name!r} {tuple(t.shape)} {t.dtype} needs {nbytes} bytes > bucket size "
                              f"{bucket_bytes}; set rollout.bucket_mb={min_bucket_mb(nbytes)} or more")
         if pending and _aligned(used) + nbytes > bucket_bytes:
-            yield _flush(pending, used, index, with_checksum)
+            yield _flush(pending, used, index, with_checksum, alloc)
             pending, used, index = [], 0, index + 1
         offset = _aligned(used)
         pending.append((TensorMeta(name, key, tuple(t.shape), offset), t))
         used = offset + nbytes
     if pending:
-        yield _flush(pending, used, index, with_checksum)
+        yield _flush(pending, used, index, with_checksum, alloc)
 
 
-def _flush(pending: list[tuple[TensorMeta, torch.Tensor]], used: int, index: int, with_checksum: bool) -> Bucket:
-    buf = torch.zeros(used, dtype=torch.uint8)  # zeros: alignment gaps must be deterministic for the crc
+def _flush(pending: list[tuple[TensorMeta, torch.Tensor]], used: int, index: int, with_checksum: bool,
+           alloc: Any = None) -> Bucket:
+    buf = torch.empty(used, dtype=torch.uint8) if alloc is None else alloc.alloc(used)
+    end = 0
     for meta, t in pending:
+        buf[end:meta.offset].zero_()  # alignment gaps: deterministic bytes for the crc
         flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        buf[meta.offset:meta.offset + flat.numel()].copy_(flat)
-    return Bucket(buf, [m for m, _ in pending], checksum(buf) if with_checksum else None, index)
+        buf[meta.offset:meta.offset + flat.numel()].copy_(flat, non_blocking=buf.is_cuda)
+        end = meta.offset + flat.numel()
+    if buf.is_cuda:
+        torch.cuda.current_stream().synchronize()  # the bucket is complete before another process reads it
+    release = alloc.releaser(buf) if alloc is not None else None
+    return Bucket(buf, [m for m, _ in pending], checksum(buf) if with_checksum else None, index, release)
 
 
 def unpack_bucket(bucket: Bucket, *, verify: bool = True) -> list[tuple[str, torch.Tensor]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ENGINES = ("builtin", "vllm")
+TRANSPORTS = ("ipc", "bytes")
 
 
 @dataclass(kw_only=True)
@@ -23,8 +24,13 @@ class RolloutConfig:
     """Maximum response length in tokens (paper: 8192)."""
     bucket_mb: float = 512.0
     """Weight-sync bucket size in MiB; one flat buffer per bucket."""
-    verify_checksums: bool = True
-    """Checksum every bucket on the sender and verify it on the engine side."""
+    verify_checksums: bool | None = None
+    """Checksum (crc32) every bucket on the sender and verify it on the engine side. None = where it is
+    cheap: buckets in host memory (CPU, or the ``bytes`` transport, which copies to the host anyway); off
+    for CUDA IPC buckets, where it would add a device-to-host copy per bucket."""
+    weight_transport: str = "ipc"
+    """vLLM only: ``"ipc"`` hands each bucket over as a shared buffer (shared memory on CPU, CUDA IPC on
+    GPU; double-buffered); ``"bytes"`` (fallback) copies it into the RPC payload."""
     vllm_gpu_memory_utilization: float = 0.5
     """vLLM only: fraction of GPU memory for weights + KV cache (colocated with the trainer)."""
     vllm_cpu_kv_cache_mb: int = 512
@@ -40,6 +46,8 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"rollout.engine={self.engine!r}; accepted: {list(ENGINES)}")
+        if self.weight_transport not in TRANSPORTS:
+            raise ValueError(f"rollout.weight_transport={self.weight_transport!r}; accepted: {list(TRANSPORTS)}")
         if self.group_size < 2:
             raise ValueError(f"rollout.group_size must be >= 2 for group advantages, got {self.group_size}")
         if self.temperature <= 0:

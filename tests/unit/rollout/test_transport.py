@@ -1,0 +1,79 @@
+"""Bucket transport by handle: another process maps the sender's shared buffer (CPU shared memory)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from megatron_maspo.rollout.buckets import pack_buckets, unpack_bucket
+from megatron_maspo.rollout.transport import BucketPool, open_shared, prefetch, share
+
+
+def _reader(handle: bytes, nbytes: int, out):
+    buf = open_shared(handle)[:nbytes]
+    out.put(zlib.crc32(buf.numpy()))
+    buf[0] = 255  # a write lands in the sender's memory: proof the buffer is shared, not copied
+
+
+def test_other_process_maps_the_same_buffer():
+    pool = BucketPool(1024)
+    buf = pool.alloc(100)
+    buf.copy_(torch.arange(100, dtype=torch.uint8))
+    handle = share(buf)
+    assert len(handle) < 1000  # a name, not the payload
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_reader, args=(handle, 100, q))
+    p.start()
+    crc = q.get(timeout=120)
+    p.join(timeout=60)
+    assert p.exitcode == 0
+    assert crc == zlib.crc32(torch.arange(100, dtype=torch.uint8).numpy())
+    assert int(buf[0]) == 255
+
+
+def test_pool_double_buffers_and_blocks_until_release():
+    named = [(f"t{i}", torch.full((64,), float(i))) for i in range(6)]
+    pool = BucketPool(300, count=2)
+    buckets = pack_buckets(iter(named), 300, alloc=pool)  # 256 B tensors: one per bucket
+    b0, b1 = next(buckets), next(buckets)
+    assert b0.buffer.data_ptr() != b1.buffer.data_ptr()
+    got = []
+    th = threading.Thread(target=lambda: got.append(next(buckets)))
+    th.start()
+    time.sleep(0.2)
+    assert not got  # both buffers are in use: the third bucket waits
+    data0 = unpack_bucket(b0)[0][1].clone()
+    b0.done()
+    th.join(timeout=10)
+    assert got and got[0].buffer.data_ptr() == b0.buffer.data_ptr()  # buffer 0 reused
+    assert torch.equal(data0, named[0][1]) and torch.equal(unpack_bucket(got[0])[0][1], named[2][1])
+
+
+def test_pool_rejects_an_oversized_bucket():
+    with pytest.raises(ValueError, match="pool buffer"):
+        BucketPool(16, count=1).alloc(17)
+
+
+def test_prefetch_keeps_order_and_reraises():
+    assert list(prefetch(iter(range(5)))) == [0, 1, 2, 3, 4]
+
+    def bad():
+        yield 1
+        raise RuntimeError("export failed")
+
+    with pytest.raises(RuntimeError, match="export failed"):
+        list(prefetch(bad()))
+
+
+def test_prefetch_drops_unconsumed_items_on_close():
+    dropped = []
+    gen = prefetch(iter(range(10)), depth=2, on_drop=dropped.append)
+    assert next(gen) == 0
+    gen.close()
+    assert dropped and all(d > 0 for d in dropped)
