@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING
 from megatron_maspo.launch.plan_rollout import EngineLoad, generation_seconds, moe_touched_fraction
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
 from megatron_maspo.parallel.logprobs_budget import DEFAULT_BUDGET_BYTES
+from megatron_maspo.rollout.fleet import FleetLayout, build_fleet
 
 if TYPE_CHECKING:
     from megatron_maspo.config import MaspoConfig
@@ -187,10 +188,21 @@ class Plan:
     kv_seqs: int = 0
     """Full-length sequences the engine's KV pool holds at once (per engine)."""
     engines: int = 0
-    """Rollout engines the generation time assumes (world / vllm_tp: the fleet design)."""
+    """Rollout engines the generation time assumes: ``fleet.num_engines`` (1 if the layout has none)."""
+    fleet: FleetLayout | None = None
+    """The trainer's engine layout for this plan (None when the world does not split into engines)."""
     tail: float = 0.0
     """Longest response per engine batch the generation time assumes, tokens."""
+    prompts_per_step: int = 0
+    transport: str = ""
+    """``rollout.weight_transport`` (vLLM) or ``"in-process"`` (built-in engine)."""
+    bucket_mb: float = 0.0
     reasons: list[str] = field(default_factory=list)
+
+    @property
+    def prompts_per_engine(self) -> int:
+        """Prompt groups of the most loaded engine (whole groups of G responses)."""
+        return max(self.fleet.shard_sizes(self.prompts_per_step)) if self.fleet else self.prompts_per_step
 
     @property
     def fits(self) -> bool:
@@ -216,6 +228,16 @@ def layout_of(cfg: MaspoConfig) -> Layout:
     p = cfg.parallel
     return Layout(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, recompute=cfg.model.recompute,
                   distributed_optimizer=p.distributed_optimizer, vllm_tp=cfg.rollout.vllm_tp)
+
+
+def fleet_of(cfg: MaspoConfig, lay: Layout, world: int) -> FleetLayout | None:
+    """The :class:`FleetLayout` the trainer would build for ``cfg`` with layout ``lay`` on ``world`` GPUs."""
+    p = dataclasses.replace(cfg.parallel, tp=lay.tp, pp=lay.pp, ep=lay.ep)
+    cfg = dataclasses.replace(cfg, parallel=p, rollout=dataclasses.replace(cfg.rollout, vllm_tp=lay.vllm_tp))
+    try:
+        return build_fleet(cfg, world)
+    except ValueError:
+        return None  # refused elsewhere (vllm_tp or tp*pp does not divide the world)
 
 
 def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[float, float]:
@@ -400,8 +422,9 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     fwd_s = (f_fwd - f_exp) / (peak * hw.mfu) + f_exp / (peak * hw.moe_expert_mfu)
     old_lp = fwd_s * (2 if tr.reference_model else 1)
     update = fwd_s * (4 if lay.recompute == "full" else 3)
-    engines = world // lay.vllm_tp if world % lay.vllm_tp == 0 else 1
-    per_engine = math.ceil(n_seqs / engines)
+    fleet = fleet_of(cfg, lay, world)  # the layout the trainer builds (rollout/fleet.py)
+    engines = fleet.num_engines if fleet else 1
+    per_engine = max(fleet.shard_sizes(tr.prompts_per_step)) * ro.group_size if fleet else n_seqs
     live = avg_prompt + avg_resp / 2
     conc = max(1, min(per_engine, int(max(0.0, kv_pool) // (kvpt * live))))
     w_full = w_tail = engine_w
@@ -418,7 +441,8 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
                              peak_tflops=hw.peak_tflops, mfu=hw.mfu)
     sync = hw.sync_fixed_s + 2 * p_total / (hw.sync_gb_s * 1e9)
     return Plan(layout=lay, world=world, dp=dp, memory=mem, kv_seqs=kv_seqs, reasons=reasons,
-                engines=engines, tail=tail,
+                engines=engines, tail=tail, fleet=fleet, prompts_per_step=tr.prompts_per_step,
+                transport=ro.weight_transport if ro.engine == "vllm" else "in-process", bucket_mb=ro.bucket_mb,
                 time=StepTime(generation=gen, old_logprob=old_lp, update=update, sync=sync))
 
 
@@ -481,7 +505,8 @@ def format_plan(plan: Plan, title: str = "") -> str:
         t = plan.time
         lines.append(f"  step s: generation {t.generation:.0f}  old-logprob {t.old_logprob:.0f}  update "
                      f"{t.update:.0f}  sync {t.sync:.1f}  total {t.total:.0f}")
-        lines.append(f"  generation assumes {plan.engines} engines of vllm_tp={lay.vllm_tp} GPUs (the rollout "
-                     f"fleet; the trainer builds one engine today) and a longest response of {plan.tail:.0f} tokens")
+        fleet = plan.fleet.describe(plan.prompts_per_step) if plan.fleet else "1 engine (no fleet layout)"
+        lines.append(f"  rollout fleet (as the trainer builds it): {fleet}; longest response {plan.tail:.0f} tokens")
+        lines.append(f"  weight sync: transport {plan.transport}, buckets of {plan.bucket_mb:g} MiB")
     lines += [f"  REFUSED: {r}" for r in plan.reasons] or ["  fits"]
     return "\n".join(lines)

@@ -61,3 +61,13 @@ def test_two_engines_gather_the_one_engine_result(tmp_path):
         assert p1 == p2 and t1 == t2 and r1 == r2
         for a, b in zip(lp1, lp2, strict=True):
             assert a == pytest.approx(b, abs=1e-5)
+    # The planner reads the same FleetLayout: its engine count and per-engine load are what the runs built.
+    from megatron_maspo.launch.plan import arch_of, estimate, layout_of
+
+    cfg = _cfg(str(tmp_path / "plan"))
+    for world, run in ((1, one), (2, two[0])):
+        plan = estimate(cfg, arch_of(cfg), layout_of(cfg), nodes=1, gpus_per_node=world)
+        built = run["rounds"]
+        assert plan.engines == len(built) == world
+        assert plan.prompts_per_engine == max(p for _, p, _ in built)
+        assert plan.transport == "in-process" and plan.bucket_mb == cfg.rollout.bucket_mb

@@ -147,3 +147,21 @@ def test_vllm_rejects_corrupt_bucket(synced):
         engine.load_buckets(iter(bad))
     engine.load_buckets(iter(src["buckets"]))  # a clean re-sync recovers the engine
     assert engine.last_received_crc == {n: _crc(t) for n, t in src["exported"].items()}
+
+
+def test_vllm_bytes_fallback_and_ipc_both_reject_corruption(synced):
+    from megatron_maspo.rollout.buckets import Bucket
+
+    engine, _, src = synced
+    try:
+        for transport in ("bytes", "ipc"):
+            engine.transport = transport
+            engine.load_buckets(iter(src["buckets"]))
+            assert engine.last_received_crc == {n: _crc(t) for n, t in src["exported"].items()}
+            bad = [Bucket(b.buffer.clone(), b.metas, b.checksum, b.index) for b in src["buckets"]]
+            bad[0].buffer[-1] ^= 0x01
+            with pytest.raises(Exception, match="corrupted"):
+                engine.load_buckets(iter(bad))
+    finally:
+        engine.transport = "ipc"
+        engine.load_buckets(iter(src["buckets"]))

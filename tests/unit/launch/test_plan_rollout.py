@@ -74,7 +74,7 @@ def test_cli_response_flags(capsys):
                  "--response-max", "6000"]) == 0
     out = capsys.readouterr().out
     assert "'response_mean': 2500.0" in out and "'response_max': 6000.0" in out
-    assert "32 engines of vllm_tp=1 GPUs" in out and "longest response of 6000 tokens" in out
+    assert "32 engine(s) of rollout TP 1" in out and "longest response 6000 tokens" in out
     assert main(["plan", "r1_distill_qwen_7b_maspo", "--nodes", "4", "--response-mean", "-1"]) == 2
 
 
