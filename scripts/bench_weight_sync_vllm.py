@@ -3,10 +3,14 @@
 Megatron (1 gloo rank, the ~38 M-parameter model of ``bench_weight_sync.py``) -> HF export -> vLLM worker
 (a separate process: vLLM's engine core). Variants, interleaved so machine noise hits all alike:
 
-- ``per-tensor``: one bytes RPC per tensor (the OpenRLHF-style baseline: no buckets);
-- ``bytes``: flat buckets, each copied into the RPC payload (``rollout.weight_transport=bytes``);
-- ``ipc``: flat buckets handed over as shared-memory handles, double-buffered (the default);
-- ``ipc-nocrc``: the same without per-bucket crc32.
+- ``per-tensor``: one bytes RPC per tensor (the OpenRLHF-style baseline: no buckets, no crc32);
+- ``bytes``: flat buckets, each copied into the RPC payload (``rollout.weight_transport=bytes``), crc32 on
+  (its default);
+- ``ipc``: flat buckets handed over as shared-memory handles, double-buffered (the default transport),
+  crc32 off (its default);
+- ``ipc+crc``: the same with crc32 on both sides (``rollout.verify_checksums=true``).
+
+The variant order rotates every repetition, so no variant always follows the same one.
 
 After the last sync, the per-tensor crc32 echoed by the worker must equal the export's (bitwise delivery;
 log-prob parity after an ipc sync is ``tests/vllm/test_vllm_engine.py``).
@@ -26,7 +30,7 @@ import torch
 
 from megatron_maspo.parallel.launch import run_workers
 
-VARIANTS = ("per-tensor", "bytes", "ipc", "ipc-nocrc")
+VARIANTS = ("per-tensor", "bytes", "ipc", "ipc+crc")
 
 
 def _per_tensor(stream):
@@ -57,15 +61,15 @@ def _worker(rank: int, world: int, bucket_mb: float, reps: int):
     nbytes = sum(t.numel() * t.element_size() for _, t in export_hf_weights(chunks, SPEC, groups))
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     try:
-        for _ in range(reps):
-            for name in VARIANTS:
+        for rep in range(reps):
+            for name in VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]:
                 engine.transport = "bytes" if name in ("per-tensor", "bytes") else "ipc"
                 t0 = time.perf_counter()
                 if name == "per-tensor":
                     engine.load_buckets(_per_tensor(export_hf_weights(chunks, SPEC, groups)), verify=False)
                 else:
                     sync_weights(chunks, SPEC, groups, engine, bucket_bytes=bucket_bytes_from_mb(bucket_mb),
-                                 verify_checksums=False if name == "ipc-nocrc" else None)
+                                 verify_checksums=True if name == "ipc+crc" else None)
                 times[name].append(time.perf_counter() - t0)
         engine.transport = "ipc"
         sync_weights(chunks, SPEC, groups, engine, bucket_bytes=bucket_bytes_from_mb(bucket_mb))
@@ -80,7 +84,7 @@ def _worker(rank: int, world: int, bucket_mb: float, reps: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bucket-mb", type=float, default=64.0)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=4)
     a = ap.parse_args()
     res = run_workers(_worker, 1, a.bucket_mb, a.reps, timeout_s=1800)[0]
     gb = res["bytes"] / 1e9

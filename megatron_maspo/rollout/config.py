@@ -26,8 +26,9 @@ class RolloutConfig:
     """Weight-sync bucket size in MiB; one flat buffer per bucket."""
     verify_checksums: bool | None = None
     """Checksum (crc32) every bucket on the sender and verify it on the engine side. None = where it is
-    cheap: buckets in host memory (CPU, or the ``bytes`` transport, which copies to the host anyway); off
-    for CUDA IPC buckets, where it would add a device-to-host copy per bucket."""
+    cheap next to the transfer: the ``bytes`` transport and the built-in engine; off for the ``ipc``
+    transport, where the worker maps the sender's buffer (crc32 would add two passes over the model on
+    CPU, a device-to-host copy per bucket on GPU)."""
     weight_transport: str = "ipc"
     """vLLM only: ``"ipc"`` hands each bucket over as a shared buffer (shared memory on CPU, CUDA IPC on
     GPU; double-buffered); ``"bytes"`` (fallback) copies it into the RPC payload."""

@@ -90,6 +90,7 @@ class BucketPool:
 
     def __init__(self, capacity: int, device: torch.device | str = "cpu", count: int = 2) -> None:
         self.device = torch.device(device)
+        self.capacity = capacity
         self._free: queue.Queue[torch.Tensor] = queue.Queue()
         self._bases: dict[int, torch.Tensor] = {}
         for _ in range(count):
@@ -107,6 +108,17 @@ class BucketPool:
             self._free.put(buf)
             raise ValueError(f"bucket of {nbytes} bytes > pool buffer of {buf.numel()} bytes")
         return buf[:nbytes]
+
+    def reclaim(self) -> None:
+        """Mark every buffer free again: call between syncs (no reader left), so a sync that failed
+        half-way cannot leave the next one waiting for a buffer nobody will release."""
+        while True:
+            try:
+                self._free.get_nowait()
+            except queue.Empty:
+                break
+        for base in self._bases.values():
+            self._free.put(base)
 
     def releaser(self, view: torch.Tensor) -> Callable[[], None]:
         """The callback that hands ``view``'s buffer back (call once, after its last reader returned)."""
@@ -132,6 +144,8 @@ def prefetch(items: Iterator[T], depth: int = 1, on_drop: Callable[[T], None] | 
         try:
             for it in items:
                 if stop.is_set():
+                    if on_drop is not None:
+                        on_drop(it)
                     return
                 q.put(("item", it))
             q.put(("done", None))

