@@ -1,8 +1,8 @@
 """Off-policy study on the tiny task: policy losses x off-policy-ness (mini-batches per step, staleness).
 
 For each seed, one supervised warm start is run once and saved (``<out>/init_seed<s>``); every RL run
-of that seed starts from it (``model.megatron_checkpoint``, ``train.sft_steps=0``), so methods and
-conditions differ only in the RL phase. Each run is its own ``maspo train`` process under ``nice``,
+of that seed resumes a copy of it (weights, Adam moments, RNG, data position), so methods and
+conditions differ only in the RL phase, and each run equals one that did its own warm start. Each run is its own ``maspo train`` process under ``nice``,
 one at a time; finished runs are skipped, so the script resumes after an interruption.
 
 Off-policy-ness comes from two knobs: ``train.mini_batches_per_step`` (the later mini-batches of a
@@ -92,13 +92,14 @@ def run_one(method: str, cond: str, seed: int, init: Path, out: Path, extra: lis
     if (run_dir / "DONE").exists():
         return run_dir
     shutil.rmtree(run_dir, ignore_errors=True)
-    sets = [*METHODS[method], f"train.seed={seed}", f"train.mini_batches_per_step={mb}",
-            f"rollout.max_staleness={k}", f"model.megatron_checkpoint={init}", "train.sft_steps=0",
-            f"checkpoint.run_dir={run_dir}", *COMMON, *extra]
+    # Resume a copy of the warm-started checkpoint: model, Adam moments, RNG and data position exactly
+    # as a run that did its own warm start would have them (the config's own warm-start flag is set).
+    shutil.copytree(init.parent.parent, run_dir)
+    sets = [*METHODS[method], f"train.mini_batches_per_step={mb}", f"rollout.max_staleness={k}",
+            *COMMON, *extra]
     if k > 0:
         sets.append(f"loss.tis_cap={TIS_CAP}")
-    out.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "megatron_maspo.cli.main", "train", *_sets(sets)],
+    _run([sys.executable, "-m", "megatron_maspo.cli.main", "train", "--resume", str(run_dir), *_sets(sets)],
          out / f"{run_dir.name}.log")
     (run_dir / "DONE").write_text("")
     return run_dir
