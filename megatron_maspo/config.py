@@ -47,6 +47,21 @@ class MaspoConfig:
             raise ValueError("loss.kl_coef > 0 needs train.reference_model=true (a frozen reference policy)")
 
 
+def check_combinations(cfg: MaspoConfig) -> None:
+    """Cross-section checks that two ``--set`` overrides satisfy together (run once all are applied,
+    so their order does not matter).
+
+    Raises:
+        ValueError: ``rollout.max_staleness > 0`` without ``loss.tis_cap``. Stale samples come from an
+            older policy than the recomputed π_old; without the weight π_old/π_rollout the gradient is
+            taken under the wrong distribution, a bias that grows with k. Which cap is a method choice,
+            so it is asked for rather than silently switched on.
+    """
+    if cfg.rollout.max_staleness > 0 and cfg.loss.tis_cap is None:
+        raise ValueError(f"rollout.max_staleness={cfg.rollout.max_staleness} needs loss.tis_cap "
+                         "(e.g. 2.0): truncated IS against the stale rollout log-probs")
+
+
 def dump_yaml(cfg: MaspoConfig) -> str:
     """The config as YAML text."""
     import yaml
@@ -144,7 +159,9 @@ def resolve_config(recipe: str | None, config_path: str | None, overrides: list[
         cfg = load_config(config_path) if config_path else load_recipe(recipe or "tiny")
         cfg = apply_overrides(cfg, overrides)
         # Re-run cross-section validation after overrides.
-        return dataclasses.replace(cfg)
+        cfg = dataclasses.replace(cfg)
+        check_combinations(cfg)
+        return cfg
     except ConfigError:
         raise
     except ValueError as e:

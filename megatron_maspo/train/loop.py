@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from megatron_maspo.config import MaspoConfig, save_config
+from megatron_maspo.config import MaspoConfig, check_combinations, save_config
 from megatron_maspo.loss.advantages import compute_advantages
 from megatron_maspo.loss.group_stats import prompt_group_stats
 from megatron_maspo.parallel import comm
@@ -51,6 +51,7 @@ from megatron_maspo.train.rollout_batch import (
     select_groups,
 )
 from megatron_maspo.train.samples import Sample
+from megatron_maspo.train.staleness import RolloutBatch, StalenessQueue, staleness_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class Trainer:
         from megatron_maspo.train.actor import MegatronActor
         from megatron_maspo.train.checkpoint import load_checkpoint
 
+        check_combinations(cfg)  # ValueError; the CLI has already run it (as a ConfigError)
         ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)  # before the model is built
         self.cfg = cfg
         self.rank, world = setup_distributed()
@@ -135,6 +137,15 @@ class Trainer:
                                  state.get("cursor", 0))
         self.sft_done = bool(state.get("sft_done", False))
         self.reward_totals: dict[str, int] = {}
+        self.pending = None  # bounded-staleness queue (train/staleness.py); None = synchronous loop
+        if cfg.rollout.max_staleness > 0:
+            self.pending = StalenessQueue(cfg.rollout.max_staleness)
+            self.pending.load_state(state.get("rollout_queue"), self._engine_version_offset)
+        elif state.get("rollout_queue", {}).get("batches_json", "[]") != "[]":
+            from megatron_maspo.errors import ConfigError
+
+            raise ConfigError("the checkpoint holds rollout batches generated ahead (rollout.max_staleness "
+                              "> 0): resume it with the same rollout.max_staleness")
         self.progress = Progress(total=cfg.train.steps, enabled=False)  # run() puts up the live one
         if self.rank == 0:
             save_config(cfg, self.run_dir / "config.yaml")
@@ -221,6 +232,8 @@ class Trainer:
         from megatron_maspo.train.checkpoint import save_checkpoint
 
         state = {"step": self.step, "sft_done": self.sft_done, **self.order.state()}
+        if self.pending is not None:
+            state["rollout_queue"] = self.pending.state(self._engine_version_offset)
         path = save_checkpoint(self.actor, self.run_dir / CHECKPOINT_SUBDIR, self.step,
                                data_state=state, keep_last=self.cfg.checkpoint.keep_last)
         if self.rank == 0:
@@ -289,20 +302,16 @@ class Trainer:
             plot_run(self.run_dir)
         return self.run_dir
 
-    def train_one_step(self) -> dict[str, float]:
-        """Generate, grade, filter, train and sync once; returns this step's metrics (same on every rank)."""
-        cfg, tc = self.cfg, self.cfg.train
-        self.timings = {k: 0.0 for k in ("time/generate", "time/grade", "time/train", "time/sync")}
-        self.engine_rounds = []  # per-engine figures of this step's rollout rounds (fleet_rollout.py)
-        faults.at_step(self.step + 1)  # MASPO_FAULT hook (steps numbered from 1, as logged); else a no-op
-        t_start = time.perf_counter()
-        offloaded = self.offloader.offload()  # colocation: the engine gets the trainer's memory
+    def collect(self, step: int) -> RolloutBatch:
+        """The prompt groups for 0-based ``step``, generated now by the current weights: dynamic
+        sampling rounds, then rounded down to whole mini-batches."""
+        tc = self.cfg.train
         kept: list[PromptGroup] = []
         seen: list[PromptGroup] = []
         dropped = 0
         for r in range(tc.max_sampling_rounds if tc.dynamic_sampling else 1):
             need = tc.prompts_per_step - len(kept)
-            groups = self.generate(self.order.take(need), self.step, r)
+            groups = self.generate(self.order.take(need), step, r)
             seen += groups
             got, d = select_groups(groups, need, tc.dynamic_sampling)
             kept += got
@@ -314,12 +323,30 @@ class Trainer:
         # Round down so every mini-batch holds the same number of prompts.
         kept = kept[: max(tc.mini_batches_per_step,
                           len(kept) // tc.mini_batches_per_step * tc.mini_batches_per_step)]
+        return RolloutBatch(step=step, version=self.version, kept=kept, seen=seen, dropped=dropped)
+
+    def train_one_step(self) -> dict[str, float]:
+        """Generate, grade, filter, train and sync once; returns this step's metrics (same on every rank)."""
+        cfg, tc = self.cfg, self.cfg.train
+        self.timings = {k: 0.0 for k in ("time/generate", "time/grade", "time/train", "time/sync")}
+        self.engine_rounds = []  # per-engine figures of this step's rollout rounds (fleet_rollout.py)
+        faults.at_step(self.step + 1)  # MASPO_FAULT hook (steps numbered from 1, as logged); else a no-op
+        t_start = time.perf_counter()
+        offloaded = self.offloader.offload()  # colocation: the engine gets the trainer's memory
+        if self.pending is None:  # max_staleness = 0: the synchronous loop
+            batch = self.collect(self.step)
+        else:  # generate ahead with the current weights (on a GPU this can overlap the update)
+            for target in self.pending.due(self.step):
+                self.pending.push(self.collect(target))
+            batch = self.pending.pop(self.step)
+        kept, seen, dropped = batch.kept, batch.seen, batch.dropped
         if self.engine is not None:
             # Colocation: free the engine's memory for the update; the sync below refills its weights.
             self.engine.sleep(cfg.rollout.sleep_level)
         self.offloader.reload()
         samples = self.build_samples(kept)
         _version_check(samples, self.version, cfg)
+        trained_version = self.version  # the sync below advances it
         t0 = time.perf_counter()
         with self.memory.phase("train"), \
                 self.progress.phase("update", tc.mini_batches_per_step, "mini-batch") as advance:
@@ -335,6 +362,8 @@ class Trainer:
                    "data/skipped_rows": float(sum(self.data_skips.values())),
                    "time/step": time.perf_counter() - t_start,
                    **self.memory.pop_metrics(), "memory/offloaded_gb": offloaded / GB}
+        if self.pending is not None:
+            metrics.update(staleness_metrics(samples, trained_version, cfg.rollout.max_staleness))
         for k, v in reward_totals(self.engine_rounds).items():  # over every engine's grader
             self.reward_totals[k] = self.reward_totals.get(k, 0) + v
         metrics.update({f"reward/{k}_total": float(v) for k, v in self.reward_totals.items()})
