@@ -46,6 +46,7 @@ from megatron_maspo.train.forward import (
     unwrap,
 )
 from megatron_maspo.train.inference import actor_build_options
+from megatron_maspo.train.moe_metrics import RouterMonitor
 from megatron_maspo.train.optimizer import build_optimizer, grads_finite, overlap_options
 from megatron_maspo.train.packing import (
     MiniBatchPlan,
@@ -105,6 +106,7 @@ class MegatronActor:
         bundle = build_optimizer(chunks, cfg.optim, total_steps=total, bf16=cfg.model.bf16,
                                  distributed_optimizer=p.distributed_optimizer, **self.overlap)
         self.chunks, self.optimizer, self.scheduler = bundle.chunks, bundle.optimizer, bundle.scheduler
+        self.moe_monitor = RouterMonitor(self.chunks, num_layers=spec.num_layers) if spec.is_moe else None
         # Megatron's allgather MoE dispatcher (CPU at EP > 1) needs equal row lengths over the EP group
         self._equal_rows = p.ep > 1 and getattr(
             chunks[0].config, "moe_token_dispatcher_type", None) == "allgather"
@@ -402,6 +404,8 @@ class MegatronActor:
         n = max(len(plans), 1)
         out.update({k: v / n for k, v in sums.items() if k != "actor/step_skipped"})
         out["actor/steps_skipped"] = float(skipped)
+        if self.moe_monitor is not None:
+            out.update(self.moe_monitor.collect(self.groups.tp))
         return out
 
     def named_modules_unwrapped(self) -> list:
