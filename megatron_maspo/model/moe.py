@@ -105,3 +105,26 @@ def keep_router_fp32(model: torch.nn.Module) -> int:
             mod.float()
             n += 1
     return n
+
+
+def check_moe_cross_section(cfg: Any) -> None:
+    """Combinations of MoE fields with other sections that cannot run (``MaspoConfig.__post_init__``).
+
+    Raises:
+        ValueError: naming both keys and the reason.
+    """
+    m = cfg.model
+    if m.routing_replay != "off" and cfg.rollout.engine == "vllm":
+        raise ValueError(
+            f"model.routing_replay={m.routing_replay!r} with rollout.engine='vllm': the vLLM adapter does "
+            "not return routed experts yet (vLLM's enable_return_routed_experts is not wired; docs/moe.md);"
+            " use rollout.engine='builtin' or model.routing_replay='off'")
+    if m.routing_replay == "old_logprobs" and cfg.train.check_first_ratio:
+        raise ValueError("model.routing_replay='old_logprobs' with train.check_first_ratio=true: the "
+                         "training forward routes on its own, so the first ratio is not 1 by design; "
+                         "use routing_replay='all' or turn the check off")
+    if m.routing_replay == "all" and m.recompute == "full" and cfg.parallel.pp > 1:
+        raise ValueError("model.routing_replay='all' with model.recompute='full' and parallel.pp > 1: the "
+                         "recomputed forward of a micro-batch runs after later micro-batches were armed")
+    if m.moe_dispatcher == "flex" and cfg.parallel.ep == 1:
+        raise ValueError("model.moe_dispatcher='flex' needs parallel.ep > 1")

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 
 from megatron_maspo.config import MaspoConfig
-from megatron_maspo.model.provider import ModelBuildOptions, attention_options, build_model_chunks
 from megatron_maspo.model.moe import moe_build_options
+from megatron_maspo.model.provider import ModelBuildOptions, attention_options, build_model_chunks
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.groups import ParallelGroups
 
