@@ -128,7 +128,7 @@ def main() -> None:
           f"{res['routing/changed_token_frac']:.2%} of tokens")
     for k in ("logprob_abs_diff_mean", "logprob_abs_diff_max", "kl_k3"):
         off, rep = res[f"off/mismatch/{k}"], res[f"replay/mismatch/{k}"]
-        print(f"  mismatch/{k:<22} no replay {off:.4e}   replay {rep:.4e}   ratio {rep / off:.3f}")
+        print(f"  mismatch/{k:<22} no replay {off:.4e}   replay {rep:.4e}   ratio {rep / off if off else float('nan'):.3f}")
 
 
 if __name__ == "__main__":
