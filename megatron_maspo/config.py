@@ -45,6 +45,9 @@ class MaspoConfig:
         # Cross-section checks; each section validated its own fields already.
         if self.loss.kl_coef > 0 and not self.train.reference_model:
             raise ValueError("loss.kl_coef > 0 needs train.reference_model=true (a frozen reference policy)")
+        from megatron_maspo.model.moe import check_moe_cross_section
+
+        check_moe_cross_section(self)
 
 
 def check_combinations(cfg: MaspoConfig) -> None:

@@ -35,7 +35,34 @@ class ModelConfig:
     ``te`` extra, checked when the model is built). Rotary positions restart at every sequence on the
     packed paths."""
 
+    moe_dispatcher: str = "alltoall"
+    """MoE token dispatcher: ``"alltoall"`` (Megatron's all-to-all-v over the EP group; the GPU
+    default, and on CPU through a gloo shim), ``"allgather"`` (gathers every token to every EP rank;
+    rows padded to equal length) or ``"flex"`` (DeepEP / HybridEP; GPU with ``deep_ep`` only)."""
+    moe_load_balancing: str = "none"
+    """Router load-balancing loss: ``"none"``, ``"aux_loss"`` (batch-level, GShard/Switch) or
+    ``"seq_aux_loss"`` (per sequence, DeepSeek-V2/V3)."""
+    moe_aux_loss_coeff: float = 0.0
+    """Weight of the load-balancing loss added to the training loss (Qwen3-MoE pre-training: 1e-3)."""
+    moe_z_loss_coeff: float = 0.0
+    """Router z-loss weight (ST-MoE; 1e-3 is a usual start); 0 disables it."""
+    moe_expert_bias: bool = False
+    """Aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for top-k selection
+    only, nudged toward balance after every step. Megatron requires a sigmoid score function, which
+    the supported families (Qwen3-MoE: softmax) do not have: refused for them."""
+    moe_expert_bias_update_rate: float = 1e-3
+    """Step of the expert-bias update (``moe_expert_bias`` only)."""
+    moe_router_fp32: bool = True
+    """Keep the router weights and logits in fp32 when the model trains in bf16 (top-k ties and
+    near-ties then match an fp32 engine far more often)."""
+    routing_replay: str = "off"
+    """Replay the experts the rollout engine chose (MoE only): ``"off"``, ``"old_logprobs"`` (the
+    old-log-prob pass routes as the engine did) or ``"all"`` (old-log-prob and training passes)."""
+
     def __post_init__(self) -> None:
+        from megatron_maspo.model.moe import validate_moe_fields
+
+        validate_moe_fields(self)
         if not self.source:
             raise ValueError("model.source must be 'tiny' or a Hugging Face folder path")
         if self.tiny_num_layers < 1 or self.tiny_hidden_size < 8 or self.tiny_hidden_size % 4:

@@ -50,7 +50,15 @@ class ModelBuildOptions:
     use_cpu_initialization: bool = True
     """Draw full master weights on CPU and keep the local slice: identical weights at every TP."""
     init_method_std: float = 0.02
+    moe_dispatcher: str = "alltoall"
+    """MoE token dispatcher (``model/moe.py``): ``"alltoall"``, ``"allgather"`` or ``"flex"``."""
+    moe_load_balancing: str = "none"
     moe_aux_loss_coeff: float = 0.0
+    moe_z_loss_coeff: float = 0.0
+    moe_router_fp32: bool = True
+    """With ``bf16``: router weights stay fp32 and logits are computed in fp32."""
+    routing_replay: bool = False
+    """Build Megatron's ``RouterReplay`` into every router (``moe_enable_routing_replay``)."""
 
 
 def attention_options(backend: str, tp: int) -> dict:
@@ -148,20 +156,9 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
         batch_p2p_comm=True,
     )
     if spec.is_moe:
-        kw.update(
-            num_moe_experts=spec.num_moe_experts,
-            moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
-            moe_router_topk=spec.moe_router_topk,
-            moe_router_pre_softmax=not spec.moe_norm_topk_prob,
-            moe_router_load_balancing_type="none",
-            moe_aux_loss_coeff=opts.moe_aux_loss_coeff,
-            # On CPU Megatron's alltoall dispatcher hands all_to_all_single its split sizes as tensors,
-            # which the CPU build refuses (TypeError); use the allgather dispatcher (also EP-capable),
-            # which needs equal token counts per EP rank: the actor pads rows (train/packing.py).
-            moe_token_dispatcher_type="alltoall" if opts.ep > 1 and on_gpu else "allgather",
-            moe_grouped_gemm=False,
-            moe_shared_expert_intermediate_size=spec.moe_shared_expert_intermediate_size,
-        )
+        from megatron_maspo.model.moe import moe_transformer_kwargs
+
+        kw.update(moe_transformer_kwargs(spec, opts))
     if opts.recompute == "full":
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     elif opts.recompute == "selective":
@@ -240,5 +237,9 @@ def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int)
             model.cuda(torch.cuda.current_device())
         if opts.bf16:
             model.bfloat16()
+            if spec.is_moe and opts.moe_router_fp32:
+                from megatron_maspo.model.moe import keep_router_fp32
+
+                keep_router_fp32(model)
         chunks.append(model)
     return chunks

@@ -13,6 +13,10 @@ Parts:
              ``Tensor.type()`` is spoofed to ``torch.cuda.*`` only with ``spoof_tensor_type=True``
              (Megatron's optimizers assert on it); keep it off elsewhere so it cannot hide a GPU path.
     rngfns   CUDA RNG-state functions -> CPU ones (activation recompute saves/restores them).
+    a2a      ``all_to_all_single`` accepts split sizes given as tensors (Megatron's alltoall MoE
+             dispatcher keeps them as host tensors when they are already on CPU; the CPU build's
+             binding takes only lists/arrays). Gloo implements all-to-all-v itself: nothing is
+             emulated, the sizes are only converted to lists.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 logger = logging.getLogger(__name__)
 
-ALL_PARTS = ("rng", "dev", "sync", "mode", "rngfns")
+ALL_PARTS = ("rng", "dev", "sync", "mode", "rngfns", "a2a")
 _applied: set[str] = set()
 _mode: _CudaToCpuMode | None = None
 _spoof = threading.local()
@@ -165,12 +169,33 @@ def _apply_rngfns() -> None:
     torch.cuda.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)  # type: ignore[assignment]
 
 
+def _split_list(sizes: Any) -> Any:
+    return sizes.tolist() if isinstance(sizes, torch.Tensor) else sizes
+
+
+def _apply_a2a() -> None:
+    import torch.distributed as dist
+
+    orig = dist.all_to_all_single
+    if getattr(orig, "_maspo_cpu", False):
+        return
+
+    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
+                          group=None, async_op=False):
+        return orig(output, input, _split_list(output_split_sizes), _split_list(input_split_sizes),
+                    group=group, async_op=async_op)
+
+    all_to_all_single._maspo_cpu = True  # type: ignore[attr-defined]
+    dist.all_to_all_single = all_to_all_single  # Megatron looks it up on the module at call time
+
+
 _PARTS = {
     "rng": _apply_rng,
     "dev": _apply_dev,
     "sync": _apply_sync,
     "mode": _apply_mode,
     "rngfns": _apply_rngfns,
+    "a2a": _apply_a2a,
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from megatron_maspo.rollout.buckets import Bucket, unpack_bucket
+from megatron_maspo.rollout.routing import RoutingRecorder
 from megatron_maspo.rollout.sampling import sample_tokens, scaled_logprobs
 from megatron_maspo.rollout.types import Completion, SamplingParams
 
@@ -38,6 +39,9 @@ class BuiltinEngine:
         self._version = 0
         self._asleep = 0
         self._dropped: dict[str, torch.Size] = {}  # level-2 sleep: parameter shapes to re-allocate
+        self.record_routing = False
+        """MoE: report each completion's ``routed_experts`` (routing replay; ``rollout/routing.py``)."""
+        self._recorder: RoutingRecorder | None = None  # gate hooks, attached on first use
 
     @classmethod
     def from_hf_config(cls, config: dict | Any, *, dtype: torch.dtype = torch.float32,
@@ -160,12 +164,17 @@ class BuiltinEngine:
         length = torch.full((len(rows),), params.max_tokens, device=dev)
         done = torch.zeros(len(rows), dtype=torch.bool, device=dev)
         cache, step_ids, step_pos = None, ids, pos
+        rec = self._routing_recorder()
         for t in range(params.max_tokens):
             if cache is None:  # the supported cache API: an explicit Cache object, filled in place
                 cache = _new_cache(self.model.config)
             # logits_to_keep=1: the prefill projects only the last prompt position onto the vocabulary
+            if rec is not None:
+                rec.begin_call(*step_ids.shape)
             out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
+            if rec is not None:
+                rec.end_call()
             cache = out.past_key_values
             lp = scaled_logprobs(out.logits[:, -1], params.temperature)
             tok = sample_tokens(lp, params.top_p, greedy, gens)
@@ -184,12 +193,26 @@ class BuiltinEngine:
             progress(int((~done).sum()))  # rows cut at max_tokens finish here
         result: list[list[Completion]] = [[] for _ in prompts]
         out_tok, out_lp, length, done = out_tok.cpu(), out_lp.cpu(), length.cpu(), done.cpu()
+        routed = (rec.per_row([len(prompts[i]) for i, _ in rows], [int(n) for n in length])
+                  if rec is not None else [None] * len(rows))
         for r, (i, _) in enumerate(rows):
             n_tok = int(length[r])
             result[i].append(Completion(token_ids=out_tok[r, :n_tok].tolist(), logprobs=out_lp[r, :n_tok].tolist(),
                                         finish_reason="stop" if bool(done[r]) else "length",
-                                        policy_version=self._version))
+                                        policy_version=self._version, routed_experts=routed[r]))
         return result
+
+    def _routing_recorder(self) -> RoutingRecorder | None:
+        """The gate-hook recorder, emptied, when ``record_routing`` is on (None otherwise)."""
+        if not self.record_routing:
+            if self._recorder is not None:
+                self._recorder.__exit__()
+                self._recorder = None
+            return None
+        if self._recorder is None:
+            self._recorder = RoutingRecorder(self.model).__enter__()
+        self._recorder.reset()
+        return self._recorder
 
     @staticmethod
     def _row_generator(seed: int | None, prompt: int, sample: int) -> torch.Generator:

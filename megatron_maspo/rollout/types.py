@@ -57,6 +57,10 @@ class Completion:
     """``"stop"`` (a stop token fired) or ``"length"`` (``max_tokens`` reached)."""
     policy_version: int = 0
     """Version of the weights that produced this completion (incremented by every weight sync)."""
+    routed_experts: torch.Tensor | None = None
+    """MoE routing replay (``model.routing_replay``): ``[P + n - 1, num_moe_layers, top_k]`` int16
+    tensor of the experts the engine chose at every prompt position and every fed-back generated
+    token (``rollout/routing.py``); None when the engine does not record routing."""
 
 
 @runtime_checkable

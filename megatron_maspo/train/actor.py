@@ -46,6 +46,7 @@ from megatron_maspo.train.forward import (
     unwrap,
 )
 from megatron_maspo.train.inference import actor_build_options
+from megatron_maspo.train.moe_metrics import RouterMonitor
 from megatron_maspo.train.optimizer import build_optimizer, grads_finite, overlap_options
 from megatron_maspo.train.packing import (
     MiniBatchPlan,
@@ -58,6 +59,7 @@ from megatron_maspo.train.packing import (
     token_inputs,
     trim_lengths,
 )
+from megatron_maspo.train.routing_replay import RoutingReplay
 from megatron_maspo.train.samples import Sample
 
 logger = logging.getLogger(__name__)
@@ -105,6 +107,12 @@ class MegatronActor:
         bundle = build_optimizer(chunks, cfg.optim, total_steps=total, bf16=cfg.model.bf16,
                                  distributed_optimizer=p.distributed_optimizer, **self.overlap)
         self.chunks, self.optimizer, self.scheduler = bundle.chunks, bundle.optimizer, bundle.scheduler
+        self.moe_monitor = RouterMonitor(self.chunks, num_layers=spec.num_layers) if spec.is_moe else None
+        self.replay_mode = cfg.model.routing_replay
+        if self.replay_mode != "off" and not spec.is_moe:
+            raise ValueError(f"model.routing_replay={self.replay_mode!r} needs an MoE model")
+        self.replay = (RoutingReplay(self.chunks, num_layers=spec.num_layers)
+                       if self.replay_mode != "off" else None)
         # Megatron's allgather MoE dispatcher (CPU at EP > 1) needs equal row lengths over the EP group
         self._equal_rows = p.ep > 1 and getattr(
             chunks[0].config, "moe_token_dispatcher_type", None) == "allgather"
@@ -152,16 +160,29 @@ class MegatronActor:
 
     # ------------------------------------------------------------------ schedule
     def _run(self, chunks: list, inputs: list[MicroBatchInputs], ctx: StepContext,
-             forward_only: bool) -> None:
+             forward_only: bool, replay: list | None = None) -> None:
+        """One Megatron schedule over ``inputs``; ``replay`` = per-input routing targets
+        (``train/routing_replay.py``), armed on the routers right before each forward."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         seq = max(int(x.tokens.shape[1]) for x in inputs)
-        data = [iter(inputs) for _ in chunks] if len(chunks) > 1 else iter(inputs)
-        with hidden_output(chunks):
-            get_forward_backward_func()(
-                forward_step_func=make_forward_step(ctx), data_iterator=data,
-                model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=len(inputs),
-                seq_length=seq, micro_batch_size=1, forward_only=forward_only)
+        its = ([self.replay.iterate(c, inputs, replay, self.device) for c in range(len(chunks))]
+               if replay is not None and self.replay is not None else [iter(inputs) for _ in chunks])
+        data = its if len(chunks) > 1 else its[0]
+        try:
+            with hidden_output(chunks):
+                get_forward_backward_func()(
+                    forward_step_func=make_forward_step(ctx), data_iterator=data,
+                    model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=len(inputs),
+                    seq_length=seq, micro_batch_size=1, forward_only=forward_only)
+        finally:
+            if replay is not None and self.replay is not None:
+                self.replay.clear()
+
+    def _replay_targets(self, samples: Sequence[Sample], plan: MiniBatchPlan, on: bool) -> list | None:
+        if not on or self.replay is None:
+            return None
+        return [self.replay.targets(samples, mb) for mb in plan.micro_batches]
 
     def _context(self) -> StepContext:
         return StepContext(tp_group=self.groups.tp_group, vocab_size=self.spec.vocab_size,
@@ -170,7 +191,7 @@ class MegatronActor:
                            sequence_parallel=self.opts.sequence_parallel)
 
     def _logprobs_local(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *,
-                        model: str) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+                        model: str, replay: bool = False) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """``{sample: ([L'] log-prob, [L'] entropy)}`` for this DP shard, on the last stage only."""
         if model not in ("policy", "reference"):
             raise ValueError(f"model={model!r}; accepted: 'policy', 'reference'")
@@ -182,7 +203,8 @@ class MegatronActor:
             for plan in plans:
                 ctx = self._context()
                 self._run(chunks, [self._inputs(samples, mb) for mb in plan.micro_batches], ctx,
-                          forward_only=True)
+                          forward_only=True,
+                          replay=self._replay_targets(samples, plan, replay and model == "policy"))
                 for mb, lp, ent in zip(plan.micro_batches, ctx.logprobs, ctx.entropies):
                     for i, part_lp, part_ent in zip(mb.sample_index, lp.cpu().split(mb.resp_lens),
                                                     ent.cpu().split(mb.resp_lens)):
@@ -244,7 +266,8 @@ class MegatronActor:
         from megatron_maspo.loss.group_stats import needs_current_logprobs
 
         return (len(plans) == 1 and not self.cfg.train.check_first_ratio
-                and not needs_current_logprobs(self.cfg.loss))
+                and not needs_current_logprobs(self.cfg.loss)
+                and self.replay_mode != "old_logprobs")  # the training forward does not replay
 
     def fill_old_logprobs(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *,
                           policy: bool = True) -> None:
@@ -258,7 +281,8 @@ class MegatronActor:
         for name, which, needed in (("old_logprobs", "policy", policy),
                                     ("ref_logprobs", "reference", want_ref)):
             if needed:  # always: every PP stage must join the schedule, whatever the samples hold
-                for i, (lp, _) in self._logprobs_local(samples, plans, model=which).items():
+                for i, (lp, _) in self._logprobs_local(samples, plans, model=which,
+                                                       replay=which == "policy").items():
                     setattr(samples[i], name, lp)
         self._at_old_policy = True
 
@@ -275,7 +299,7 @@ class MegatronActor:
         ctx.loss_fn, ctx.batch_stats = partial(self._loss_fn, plan, stats), stats
         ctx.num_tokens_global = plan.num_tokens_global
         self._run(self.chunks, [self._inputs(samples, mb) for mb in plan.micro_batches], ctx,
-                  forward_only=False)
+                  forward_only=False, replay=self._replay_targets(samples, plan, self.replay_mode == "all"))
         return ctx
 
     def optimizer_step(self, ctx: StepContext) -> dict[str, float]:
@@ -402,6 +426,10 @@ class MegatronActor:
         n = max(len(plans), 1)
         out.update({k: v / n for k, v in sums.items() if k != "actor/step_skipped"})
         out["actor/steps_skipped"] = float(skipped)
+        if self.moe_monitor is not None:
+            out.update(self.moe_monitor.collect(self.groups.tp))
+        if self.replay is not None:
+            out["moe/replay_missing_mb"], self.replay.missing = float(self.replay.missing), 0
         return out
 
     def named_modules_unwrapped(self) -> list:

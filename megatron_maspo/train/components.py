@@ -77,7 +77,9 @@ def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any):
         from megatron_maspo.rollout.builtin_engine import BuiltinEngine
 
         dtype = torch.bfloat16 if cfg.model.bf16 else torch.float32
-        return BuiltinEngine.from_hf_config(hf_cfg, dtype=dtype)
+        engine = BuiltinEngine.from_hf_config(hf_cfg, dtype=dtype)
+        engine.record_routing = cfg.model.routing_replay != "off"  # MoE routing replay
+        return engine
     from megatron_maspo.rollout.vllm_engine import VllmEngine
 
     return VllmEngine.from_config(cfg, spec, tokenizer)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from megatron_maspo.config import MaspoConfig
+from megatron_maspo.model.moe import moe_build_options
 from megatron_maspo.model.provider import ModelBuildOptions, attention_options, build_model_chunks
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.groups import ParallelGroups
@@ -28,7 +29,8 @@ def actor_build_options(cfg: MaspoConfig) -> ModelBuildOptions:
     return ModelBuildOptions(
         tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, bf16=cfg.model.bf16, recompute=cfg.model.recompute,
         make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
-        calculate_per_token_loss=True, **attention_options(cfg.model.attention_backend, p.tp))
+        calculate_per_token_loss=True, **attention_options(cfg.model.attention_backend, p.tp),
+        **moe_build_options(cfg.model))
 
 
 class InferencePolicy:

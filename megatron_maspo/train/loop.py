@@ -186,7 +186,7 @@ class Trainer:
                                       rollout_logprobs=list(c.logprobs),
                                       policy_version=c.policy_version + self._engine_version_offset,
                                       reward=g.rewards_G[j], finish_reason=c.finish_reason,
-                                      group_stats=dict(pstats[p])))
+                                      group_stats=dict(pstats[p]), routed_experts=c.routed_experts))
         return samples
 
     def _mismatch(self, samples: list[Sample]) -> dict[str, float]:

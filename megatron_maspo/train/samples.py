@@ -36,6 +36,9 @@ class Sample:
     """[L'] fp32: log π_old of the trained response tokens (L' <= L after truncation); actor-filled."""
     ref_logprobs: torch.Tensor | None = None
     """[L'] fp32: log π_ref of the trained response tokens; actor-filled when a reference exists."""
+    routed_experts: torch.Tensor | None = None
+    """MoE routing replay: ``[P + L - 1, num_layers, top_k]`` int16 experts the engine chose
+    (``Completion.routed_experts``); None without replay."""
     group_stats: dict[str, float] = field(default_factory=dict)
     """Per-prompt loss statistics computed over the whole group before packing (e.g.
     ``quatro/lambda``); the actor broadcasts each to the response's tokens (`train/batch_stats.py`)."""

@@ -94,7 +94,7 @@ def _two_rank_worker(rank: int, world: int, ckpt_dir: str) -> dict:
     res["data_state"] = load_checkpoint(actor2, path)
     res["lp_loaded"] = actor2.compute_logprobs(probe)[0]
     res["steps_loaded"] = actor2.steps_done
-    # Qwen3-MoE: EP=2 vs EP=1 (both DP=2; EP=2 rows padded to equal length for the allgather dispatcher)
+    # Qwen3-MoE: EP=2 vs EP=1 (both DP=2; alltoall dispatcher)
     for ep in (1, 2):
         res[f"moe_ep{ep}"] = _moe_procedure(H.build_actor(world, ep=ep, spec=H.qwen3_moe_spec()))
     return res if rank == 0 else {}
@@ -229,9 +229,10 @@ def test_checkpoint_tp2_loads_at_tp1(two_rank):
 def test_moe_ep2_matches_ep1(two_rank):
     r1, r2 = two_rank["moe_ep1"], two_rank["moe_ep2"]
     assert r1["first_dev"] == 0.0 and r2["first_dev"] == 0.0
-    # EP=2 pads micro-batch k of both DP ranks to the longer row; EP=1 keeps them padding-free
+    # the default alltoall dispatcher needs no padding: EP=2 packs exactly as EP=1 (the allgather
+    # dispatcher's padding is covered by test_moe_dispatch.py)
     assert r1["row_lens"][0] != r1["row_lens"][1]
-    assert r2["row_lens"][0] == r2["row_lens"][1] == [max(c) for c in zip(*r1["row_lens"])]
+    assert r2["row_lens"] == r1["row_lens"]
     for x, y in zip(r2["lp"], r1["lp"]):
         assert torch.allclose(x, y, atol=2e-6)
     assert math.isclose(r2["loss"], r1["loss"], rel_tol=1e-5, abs_tol=1e-6)

@@ -1,0 +1,130 @@
+"""MoE settings: validate ``model.moe_*`` fields and turn them into Megatron ``TransformerConfig`` keys.
+
+One place decides the dispatcher, the router's load balancing and precision and routing replay, so
+the trainer, the inference policy and the planner (``launch/plan.py``) read the same values.
+
+Dispatchers in megatron-core 0.16.1 (``transformer/moe/token_dispatcher.py``):
+
+* ``alltoall``: all-to-all-v of the routed tokens over the EP group. Its split sizes are host
+  tensors, which the CPU build of ``all_to_all_single`` refuses; ``parallel/cpu_compat.py`` (part
+  ``a2a``) turns them into lists on CPU only. Row lengths may differ between EP ranks.
+* ``allgather``: every EP rank gathers every token (``[S·EP, H]``); needs equal token counts over
+  the EP group, so the actor pads rows (``train/packing.py``, ``equal_rows``).
+* ``flex``: DeepEP / HybridEP kernels; GPU only, refused here when CUDA or ``deep_ep`` is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import torch
+
+DISPATCHERS = ("alltoall", "allgather", "flex")
+LOAD_BALANCING = ("none", "aux_loss", "seq_aux_loss")
+ROUTING_REPLAY = ("off", "old_logprobs", "all")
+
+
+def validate_moe_fields(m: Any) -> None:
+    """Check ``ModelConfig``'s MoE fields one by one (the architecture is not known yet).
+
+    Raises:
+        ValueError: a field outside its accepted values (the config loader reports it as a ConfigError).
+    """
+    if m.moe_dispatcher not in DISPATCHERS:
+        raise ValueError(f"model.moe_dispatcher={m.moe_dispatcher!r}; accepted: {DISPATCHERS}")
+    if m.moe_load_balancing not in LOAD_BALANCING:
+        raise ValueError(f"model.moe_load_balancing={m.moe_load_balancing!r}; accepted: {LOAD_BALANCING}")
+    if m.routing_replay not in ROUTING_REPLAY:
+        raise ValueError(f"model.routing_replay={m.routing_replay!r}; accepted: {ROUTING_REPLAY}")
+    if m.moe_aux_loss_coeff < 0 or m.moe_z_loss_coeff < 0 or m.moe_expert_bias_update_rate < 0:
+        raise ValueError("model.moe_aux_loss_coeff, model.moe_z_loss_coeff and "
+                         "model.moe_expert_bias_update_rate must be >= 0")
+    if m.moe_aux_loss_coeff > 0 and m.moe_load_balancing == "none":
+        raise ValueError(f"model.moe_aux_loss_coeff={m.moe_aux_loss_coeff} needs model.moe_load_balancing "
+                         "'aux_loss' or 'seq_aux_loss' (it is 'none')")
+    if m.moe_expert_bias:
+        raise ValueError("model.moe_expert_bias=True (aux-loss-free balancing) needs a sigmoid router "
+                         "score function in megatron-core 0.16.1; the supported MoE family (qwen3_moe) "
+                         "routes with softmax, so it is not available")
+
+
+def flex_available() -> bool:
+    """The flex dispatcher's kernels can run here: CUDA plus DeepEP importable."""
+    return torch.cuda.is_available() and importlib.util.find_spec("deep_ep") is not None
+
+
+def moe_build_options(m: Any) -> dict:
+    """``ModelBuildOptions`` fields for ``ModelConfig`` ``m`` (dense models ignore them)."""
+    return dict(moe_dispatcher=m.moe_dispatcher, moe_load_balancing=m.moe_load_balancing,
+                moe_aux_loss_coeff=m.moe_aux_loss_coeff, moe_z_loss_coeff=m.moe_z_loss_coeff,
+                moe_router_fp32=m.moe_router_fp32, routing_replay=m.routing_replay != "off")
+
+
+def moe_transformer_kwargs(spec: Any, opts: Any) -> dict:
+    """Megatron ``TransformerConfig`` MoE keys for ``spec`` (an MoE ``ArchSpec``) under ``opts``.
+
+    Raises:
+        ValueError: ``flex`` without CUDA + DeepEP.
+    """
+    if opts.moe_dispatcher == "flex" and not flex_available():
+        raise ValueError("model.moe_dispatcher='flex' needs CUDA and DeepEP (the deep_ep package); "
+                         "use 'alltoall' (any machine) or 'allgather'")
+    kw: dict = dict(
+        num_moe_experts=spec.num_moe_experts,
+        moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
+        moe_router_topk=spec.moe_router_topk,
+        moe_router_pre_softmax=not spec.moe_norm_topk_prob,
+        moe_router_load_balancing_type=opts.moe_load_balancing,
+        moe_aux_loss_coeff=opts.moe_aux_loss_coeff,
+        moe_z_loss_coeff=opts.moe_z_loss_coeff or None,
+        moe_token_dispatcher_type=opts.moe_dispatcher,
+        moe_grouped_gemm=False,
+        moe_shared_expert_intermediate_size=spec.moe_shared_expert_intermediate_size,
+        moe_enable_routing_replay=opts.routing_replay,
+    )
+    if opts.moe_dispatcher == "flex":
+        kw["moe_flex_dispatcher_backend"] = "deepep"
+    if opts.bf16 and opts.moe_router_fp32:
+        kw["moe_router_dtype"] = "fp32"  # logits and top-k in fp32; weights kept fp32 by keep_router_fp32
+    return kw
+
+
+def keep_router_fp32(model: torch.nn.Module) -> int:
+    """Cast every MoE router's parameters back to fp32 after ``model.bfloat16()``; return how many.
+
+    ``Module.bfloat16()`` casts every floating parameter, the router's included; Megatron's
+    ``moe_router_dtype="fp32"`` only up-casts at use, so the weights would still be bf16-rounded.
+    The optimizer then treats them as fp32 parameters (no separate master copy needed).
+    """
+    from megatron.core.transformer.moe.router import Router
+
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, Router):
+            mod.float()
+            n += 1
+    return n
+
+
+def check_moe_cross_section(cfg: Any) -> None:
+    """Combinations of MoE fields with other sections that cannot run (``MaspoConfig.__post_init__``).
+
+    Raises:
+        ValueError: naming both keys and the reason.
+    """
+    m = cfg.model
+    if m.routing_replay != "off" and cfg.rollout.engine == "vllm":
+        raise ValueError(
+            f"model.routing_replay={m.routing_replay!r} with rollout.engine='vllm': the vLLM adapter does "
+            "not return routed experts yet (vLLM's enable_return_routed_experts is not wired; docs/moe.md);"
+            " use rollout.engine='builtin' or model.routing_replay='off'")
+    if m.routing_replay == "old_logprobs" and cfg.train.check_first_ratio:
+        raise ValueError("model.routing_replay='old_logprobs' with train.check_first_ratio=true: the "
+                         "training forward routes on its own, so the first ratio is not 1 by design; "
+                         "use routing_replay='all' or turn the check off")
+    if m.routing_replay == "all" and m.recompute == "full" and cfg.parallel.pp > 1:
+        raise ValueError("model.routing_replay='all' with model.recompute='full' and parallel.pp > 1: the "
+                         "recomputed forward of a micro-batch runs after later micro-batches were armed")
+    if m.moe_dispatcher == "flex" and cfg.parallel.ep == 1:
+        raise ValueError("model.moe_dispatcher='flex' needs parallel.ep > 1")
