@@ -81,7 +81,8 @@ up() {
     write_conf
     # munged: the Debian package generated /etc/munge/munge.key; --force lets root run it.
     mkdir -p /run/munge
-    if ! alive "$DIR/run/munged.pid"; then
+    # One munged per host: reuse a running one (e.g. the system's), else start ours.
+    if ! alive "$DIR/run/munged.pid" && ! munge -n </dev/null >/dev/null 2>&1; then
         munged --force --pid-file="$DIR/run/munged.pid" --log-file="$DIR/log/munged.log" \
             --seed-file="$DIR/run/munged.seed"
     fi

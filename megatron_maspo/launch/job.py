@@ -116,6 +116,10 @@ class LaunchOptions:
             raise ValueError(f"signal_lead_s={self.signal_lead_s}; accepted: >= 0")
         if not 1024 <= self.master_port <= 65535:
             raise ValueError(f"master_port={self.master_port}; accepted: 1024..65535")
+        if self.executor == "slurm" and "/nemo_run" in str(Path(self.job_dir).resolve()):
+            # nemo-run 0.11.1 rewrites "/nemo_run" in its job paths (its in-container run dir name).
+            raise ValueError(f"job_dir={self.job_dir!r}: a path containing '/nemo_run' is garbled by "
+                             "NeMo-Run; choose another")
         for m in self.container_mounts:
             if ":" not in m:
                 raise ValueError(f"container mount {m!r} must be src:dst[:flags]")
@@ -170,6 +174,11 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 def job_root(opts: LaunchOptions) -> Path:
     """Absolute ``<job_dir>/<name>``: the resolved config, and on Slurm the run directory, live here."""
     return (Path(opts.job_dir) / opts.name).resolve()
+
+
+def nemo_run_dir(opts: LaunchOptions) -> Path:
+    """``<job root>/nemorun``: NeMo-Run's experiment folders (sbatch script, logs) of a Slurm launch."""
+    return job_root(opts) / "nemorun"
 
 
 def resolve_for_cluster(cfg: MaspoConfig, opts: LaunchOptions) -> MaspoConfig:

@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from megatron_maspo.launch.job import SRUN_RANKS_ENV, TRAIN_MODULE, LaunchOptions, job_env, job_root
+from megatron_maspo.launch.job import SRUN_RANKS_ENV, TRAIN_MODULE, LaunchOptions, job_env, job_root, nemo_run_dir
 from megatron_maspo.launch.requeue import REQUEUE_ENV
 from megatron_maspo.launch.slurm_job import JobRecord, write_record
 
@@ -88,9 +88,17 @@ def _slurm_executor(opts: LaunchOptions, env: dict[str, str]) -> run.SlurmExecut
         launcher=run.Torchrun(rdzv_port=opts.master_port) if opts.launcher == "torchrun" else None,
         signal=f"USR1@{opts.signal_lead_s}" if opts.signal_lead_s else None,
         additional_parameters=extra or None, setup_lines="\n".join(setup) or None,
-        srun_args=srun_args, tunnel=run.LocalTunnel(job_dir=str(job_root(opts) / "nemo_run")),
+        # sbatch runs the script from the tunnel's job_dir: the experiments folder of _experiment().
+        srun_args=srun_args, tunnel=run.LocalTunnel(job_dir=str(nemo_run_dir(opts) / "experiments")),
         poll_estimated_start_time=False,
     )
+
+
+def _experiment(opts: LaunchOptions, executor: run.Executor) -> run.Experiment:
+    """Slurm experiments (sbatch script, batch and task logs) live under the job root, next to the run
+    directory on the shared filesystem; local ones in $NEMORUN_HOME."""
+    base = str(nemo_run_dir(opts)) if opts.executor == "slurm" else None
+    return run.Experiment(opts.name, executor=executor, log_level="WARN", base_dir=base)
 
 
 def _prepend(entry: str, path_list: str | None) -> str:
@@ -107,7 +115,7 @@ def build_task(args: list[str], module: str = TRAIN_MODULE) -> run.Script:
 def dry_run_script(opts: LaunchOptions, task: run.Script, *, cuda: bool = True) -> str:
     """The job script NeMo-Run would submit (the sbatch script on Slurm, the command locally); submits
     nothing. The experiment folder NeMo-Run prepares for the dry run is deleted again."""
-    with run.Experiment(opts.name, executor=build_executor(opts, cuda=cuda), log_level="WARN") as exp:
+    with _experiment(opts, build_executor(opts, cuda=cuda)) as exp:
         exp.add(task, name=opts.name)
         exp.dryrun(log=False)
         info = getattr(exp.jobs[0], "_dryrun_info", None)
@@ -128,7 +136,7 @@ def launch(opts: LaunchOptions, task: run.Script, *, cuda: bool = True, run_dir:
     """
     executor = build_executor(opts, cuda=cuda)
     local = opts.executor == "local"
-    with run.Experiment(opts.name, executor=executor, log_level="WARN") as exp:
+    with _experiment(opts, executor) as exp:
         exp.add(task, name=opts.name, tail_logs=local)
         exp.run(detach=not local)
     # Leaving the context waited for a local job; its final state is on the job object.
