@@ -53,8 +53,6 @@ def add_parser(subparsers) -> None:
                         "Slurm's signals itself)")
     p.add_argument("--cpu", action="store_true",
                    help="CPU-only nodes: request no GPUs, no CUDA environment (gloo)")
-    p.add_argument("--no-requeue", dest="requeue", action="store_false",
-                   help="Slurm: not requeueable and no checkpoint.auto_resume (default: both on)")
     p.add_argument("--signal-lead", type=int, default=300, metavar="SECONDS",
                    help="Slurm: SIGUSR1 this long before the time limit; the trainer checkpoints and "
                         "requeues the job (default 300; 0: none)")
@@ -101,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                              partition=args.partition, time=args.time, container_image=args.container_image,
                              container_mounts=args.mounts, env=parse_env(args.env),
                              master_port=args.master_port, launcher=args.launcher, cpu=args.cpu,
-                             requeue=args.requeue, signal_lead_s=args.signal_lead)
+                             signal_lead_s=args.signal_lead)
         cfg = resolve_for_cluster(cfg, opts)
     except ValueError as e:
         raise ConfigError(str(e)) from None

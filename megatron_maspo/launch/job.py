@@ -88,8 +88,6 @@ class LaunchOptions:
     itself; torchrun forwards them but kills workers that take longer than 30 s to stop."""
     cpu: bool = False
     """CPU-only nodes: no GPU request, no CUDA environment (the processes use gloo)."""
-    requeue: bool = True
-    """Slurm: submit requeueable; the job resumes from its latest checkpoint when requeued."""
     signal_lead_s: int = 300
     """Slurm: send SIGUSR1 to every task this many seconds before the time limit (0: none). The
     trainer checkpoints, stops, and requeues the job if its steps are not done."""
@@ -186,13 +184,14 @@ def resolve_for_cluster(cfg: MaspoConfig, opts: LaunchOptions) -> MaspoConfig:
 
     On Slurm a relative ``checkpoint.run_dir`` is moved under :func:`job_root` (a shared path mounted at
     the same place in the container), so checkpoints land on the shared filesystem, not in the container.
-    A requeueable Slurm job gets ``checkpoint.auto_resume``: its rerun must continue, not refuse.
+    Slurm jobs get ``checkpoint.auto_resume``: NeMo-Run submits every job requeueable (``sbatch
+    --requeue``), and a requeued job reruns the same command, which must continue, not refuse.
     """
     parallel = dataclasses.replace(cfg.parallel, world_size=opts.world_size)
     ckpt = cfg.checkpoint
     if opts.executor == "slurm" and not Path(ckpt.run_dir).is_absolute():
         ckpt = dataclasses.replace(ckpt, run_dir=str(job_root(opts) / ckpt.run_dir))
-    if opts.executor == "slurm" and opts.requeue:
+    if opts.executor == "slurm":
         ckpt = dataclasses.replace(ckpt, auto_resume=True)
     return dataclasses.replace(cfg, parallel=parallel, checkpoint=ckpt)
 

@@ -53,8 +53,9 @@ def _slurm_executor(opts: LaunchOptions, env: dict[str, str]) -> run.SlurmExecut
 
     Without a container the tasks run this checkout with the launcher's interpreter (``opts.python``),
     so the job directory, the checkout and the interpreter must be visible on the nodes at the same path.
-    Requeueable jobs get ``checkpoint.auto_resume`` (set in the config by the CLI), ``--requeue`` and
-    ``--signal=USR1@lead`` (the trainer checkpoints on it, then requeues the job).
+    Jobs are requeueable (nemo-run's sbatch command line always says ``--requeue``; the script says so
+    too), run with ``checkpoint.auto_resume`` (:func:`job.resolve_for_cluster`), and get
+    ``--signal=USR1@lead``: the trainer checkpoints on it, then requeues the job if steps remain.
     """
     root = str(job_root(opts))
     container = opts.container_image is not None
@@ -76,10 +77,7 @@ def _slurm_executor(opts: LaunchOptions, env: dict[str, str]) -> run.SlurmExecut
         # Every task is a rank: torch.distributed's variables come from SLURM_PROCID & co. (train/distributed.py).
         setup.append(f"export MASTER_ADDR=${run.SlurmExecutor.HEAD_NODE_IP_VAR} MASTER_PORT={opts.master_port} "
                      f"{SRUN_RANKS_ENV}=1")
-    extra: dict[str, object] = {}
-    if opts.requeue:
-        extra["requeue"] = True
-        env[REQUEUE_ENV] = "1"
+    env[REQUEUE_ENV] = "1"
     return run.SlurmExecutor(
         account=opts.account, partition=opts.partition, time=opts.time, nodes=opts.nodes,
         ntasks_per_node=opts.gpus_per_node, gpus_per_node=None if opts.cpu else opts.gpus_per_node,
@@ -87,7 +85,7 @@ def _slurm_executor(opts: LaunchOptions, env: dict[str, str]) -> run.SlurmExecut
         exclusive=True, packager=run.Packager(), job_name_prefix="maspo-",
         launcher=run.Torchrun(rdzv_port=opts.master_port) if opts.launcher == "torchrun" else None,
         signal=f"USR1@{opts.signal_lead_s}" if opts.signal_lead_s else None,
-        additional_parameters=extra or None, setup_lines="\n".join(setup) or None,
+        additional_parameters={"requeue": True}, setup_lines="\n".join(setup) or None,
         # sbatch runs the script from the tunnel's job_dir: the experiments folder of _experiment().
         srun_args=srun_args, tunnel=run.LocalTunnel(job_dir=str(nemo_run_dir(opts) / "experiments")),
         poll_estimated_start_time=False,
