@@ -62,6 +62,9 @@ def requeue_if_unfinished(cfg: MaspoConfig, env: dict[str, str] | None = None) -
     logger.warning("stopped at step %d of %d: requeueing Slurm job %s", done, cfg.train.steps, job)
     r = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)
     if r.returncode != 0:
-        logger.warning("scontrol requeue %s failed (%s); resubmit to continue", job, r.stderr.strip())
+        # After a preemption or `scontrol requeue` Slurm has already put the job back ("pending execution").
+        already = "pending" in r.stderr.lower()
+        logger.warning("scontrol requeue %s: %s", job, "the job is already requeued" if already else
+                       f"failed ({r.stderr.strip()}); resubmit the same command to continue")
         return False
     return True

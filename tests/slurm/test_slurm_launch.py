@@ -83,6 +83,20 @@ def _wait_for_steps(run_dir: Path, n: int, env, job_id: str, timeout: float) -> 
     raise AssertionError(f"no {n} steps within {timeout} s")
 
 
+def _start_requeued_now(env, job_id: str, timeout: float) -> None:
+    """Slurm makes a requeued batch job eligible only ~2 min later (BeginTime); waive that wait."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        job = scontrol_job(env, job_id)
+        if int(job.get("Restarts", "0")) >= 1 and job.get("JobState") == "PENDING":
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True)
+            return
+        if job.get("JobState") not in ("RUNNING", "COMPLETING", "PENDING", "REQUEUED", "CONFIGURING"):
+            raise AssertionError(f"job {job_id} was not requeued: {job}")
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} not requeued within {timeout} s: {scontrol_job(env, job_id)}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["scontrol-requeue", "usr1"])
 def test_preempted_job_requeues_and_matches_an_uninterrupted_run(how, slurm_env, tmp_path, uninterrupted):
@@ -95,6 +109,7 @@ def test_preempted_job_requeues_and_matches_an_uninterrupted_run(how, slurm_env,
     cmd = ["scontrol", "requeue", job_id] if how == "scontrol-requeue" else \
         ["scancel", "--signal=USR1", job_id]
     subprocess.run(cmd, env=slurm_env, check=True)
+    _start_requeued_now(slurm_env, job_id, timeout=600)
     job = wait_done(slurm_env, job_id, timeout=900)
     logs = _show(slurm_env, tmp_path, "pre", "--logs")
     assert job["JobState"] == "COMPLETED" and int(job["Restarts"]) >= 1, (job, logs[-3000:])
