@@ -18,7 +18,14 @@ import os
 import sys
 from pathlib import Path
 
-from megatron_maspo.launch.job import SRUN_RANKS_ENV, TRAIN_MODULE, LaunchOptions, job_env, job_root, nemo_run_dir
+from megatron_maspo.launch.job import (
+    SRUN_RANKS_ENV,
+    TRAIN_MODULE,
+    LaunchOptions,
+    job_env,
+    job_root,
+    nemo_run_dir,
+)
 from megatron_maspo.launch.requeue import REQUEUE_ENV
 from megatron_maspo.launch.slurm_job import JobRecord, write_record
 

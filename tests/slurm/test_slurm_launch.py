@@ -6,7 +6,6 @@ preemption and failure tests take a few minutes each on 2 cores and are ``slow``
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time

@@ -16,7 +16,12 @@ import pytest
 from megatron_maspo.config import MaspoConfig, load_config, save_config
 from megatron_maspo.errors import ConfigError
 from megatron_maspo.launch.job import LaunchOptions, rank_env_from_slurm
-from megatron_maspo.launch.requeue import REQUEUE_ENV, auto_resume, latest_step, requeue_if_unfinished
+from megatron_maspo.launch.requeue import (
+    REQUEUE_ENV,
+    auto_resume,
+    latest_step,
+    requeue_if_unfinished,
+)
 from megatron_maspo.launch.slurm_job import JobRecord, parse_scontrol, read_record, write_record
 from megatron_maspo.train.loop import check_run_dir
 
