@@ -1,6 +1,7 @@
 """NeMo-Run executors and tasks for ``maspo launch`` (the only module that imports ``nemo_run``).
 
-The task is ``torchrun ... -m megatron_maspo.cli.main train --config <resolved config.yaml>``: a
+The task is ``torchrun ... -m megatron_maspo.cli.main train --config <resolved config.yaml>`` (on Slurm
+with ``--launcher srun``: one ``python -m ...`` per rank, no torchrun): a
 ``run.Script`` with ``m=True`` rather than a ``run.Partial``, so the training processes never import
 nemo_run or fiddle, and the config travels as the YAML file :func:`job.write_config` wrote.
 
@@ -8,7 +9,10 @@ Traps handled here (cpu-notes.md §5): ``leptonai>=0.47`` breaks ``import nemo_r
 ``launch`` extra); the default GitArchivePackager needs a git checkout, so a plain ``run.Packager`` is used
 (the package is installed in the container); with the torchrun launcher nemo-run requests one Slurm task
 per node and torchrun spawns ``gpus_per_node`` workers; any script that calls :func:`launch` must guard
-its entry with ``if __name__ == "__main__":`` (nemo-run re-executes ``__main__`` in local task processes).
+its entry with ``if __name__ == "__main__":`` (nemo-run re-executes ``__main__`` in local task processes);
+a LocalTunnel submits the sbatch script from its own job_dir, which must be the Experiment's
+``<base_dir>/experiments`` (anything else leaves the script where sbatch does not look), and nemo-run
+rewrites ``/nemo_run`` inside its job paths, so the Slurm experiment folder is ``<job root>/nemorun``.
 """
 
 from __future__ import annotations
