@@ -12,6 +12,10 @@ train --config <that file>`` on every node. ``--dry-run`` prints the resolved co
         --time 24:00:00 --container-image nvcr.io/nvidia/pytorch:25.04-py3 \\
         --mount /lustre/models:/models --mount /lustre/data:/data --job-dir /lustre/$USER/maspo \\
         --env NCCL_IB_HCA=mlx5_0,mlx5_1 --dry-run
+    # a real Slurm job on the one-node cluster of scripts/slurm_local.sh (CPU, 2 ranks)
+    maspo launch tiny --executor slurm --account local --partition local --gpus-per-node 2 --cpu \\
+        --launcher srun --job-dir runs/slurm --name tiny-dp2 --set train.steps=4
+    maspo launch --status --name tiny-dp2 --job-dir runs/slurm        # --logs: every attempt's log
     # CPU smoke test of the launcher (2 gloo ranks)
     maspo launch tiny --executor local --gpus-per-node 2 --set train.steps=1 --env OMP_NUM_THREADS=1
 """
