@@ -110,6 +110,8 @@ class LaunchOptions:
             raise ValueError(f"name={self.name!r}; accepted: letters, digits, '_', '.', '-'")
         if self.launcher not in LAUNCHERS:
             raise ValueError(f"launcher={self.launcher!r}; accepted: {list(LAUNCHERS)}")
+        if self.executor == "local" and self.launcher != "torchrun":
+            raise ValueError("the local executor runs torchrun; --launcher srun needs --executor slurm")
         if self.signal_lead_s < 0:
             raise ValueError(f"signal_lead_s={self.signal_lead_s}; accepted: >= 0")
         if not 1024 <= self.master_port <= 65535:

@@ -95,9 +95,13 @@ def test_requeue_only_for_rank0_of_an_unfinished_requeueable_slurm_job(tmp_path)
     assert not requeue_if_unfinished(off, env)
 
 
-def test_slurm_job_dir_with_nemo_run_in_its_path_is_refused():
+def test_slurm_only_options_are_refused_where_they_cannot_work():
     with pytest.raises(ValueError, match="/nemo_run"):
         LaunchOptions(executor="slurm", account="a", job_dir="/lustre/me/nemo_run/jobs")
+    with pytest.raises(ValueError, match="needs --executor slurm"):
+        LaunchOptions(executor="local", launcher="srun")
+    with pytest.raises(ValueError, match="launcher='mpirun'"):
+        LaunchOptions(executor="slurm", account="a", launcher="mpirun")
 
 
 def _dry_run(tmp_path: Path, *extra: str) -> tuple[str, MaspoConfig]:
