@@ -65,7 +65,7 @@ class JobState:
 
     def describe(self) -> str:
         out = self.state
-        if self.exit_code:
+        if self.exit_code and self.state not in ("PENDING", "RUNNING", "CONFIGURING", "REQUEUED"):
             out += f", exit code {self.exit_code}"
         if self.restarts:
             out += f", requeued {self.restarts}x"

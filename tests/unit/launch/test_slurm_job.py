@@ -45,7 +45,7 @@ def test_parse_scontrol_line():
     st = parse_scontrol(line)
     assert (st.state, st.exit_code, st.restarts) == ("COMPLETED", "0:0", 2)
     assert st.describe() == "COMPLETED, exit code 0:0, requeued 2x"
-    assert parse_scontrol("JobState=PENDING Reason=BeginTime").describe() == "PENDING (BeginTime)"
+    assert parse_scontrol("JobState=PENDING Reason=BeginTime ExitCode=0:0").describe() == "PENDING (BeginTime)"
 
 
 def test_job_record_logs_in_attempt_order(tmp_path):
