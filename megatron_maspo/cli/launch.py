@@ -12,6 +12,10 @@ train --config <that file>`` on every node. ``--dry-run`` prints the resolved co
         --time 24:00:00 --container-image nvcr.io/nvidia/pytorch:25.04-py3 \\
         --mount /lustre/models:/models --mount /lustre/data:/data --job-dir /lustre/$USER/maspo \\
         --env NCCL_IB_HCA=mlx5_0,mlx5_1 --dry-run
+    # a real Slurm job on the one-node cluster of scripts/slurm_local.sh (CPU, 2 ranks)
+    maspo launch tiny --executor slurm --account local --partition local --gpus-per-node 2 --cpu \\
+        --launcher srun --job-dir runs/slurm --name tiny-dp2 --set train.steps=4
+    maspo launch --status --name tiny-dp2 --job-dir runs/slurm        # --logs: every attempt's log
     # CPU smoke test of the launcher (2 gloo ranks)
     maspo launch tiny --executor local --gpus-per-node 2 --set train.steps=1 --env OMP_NUM_THREADS=1
 """
@@ -48,6 +52,18 @@ def add_parser(subparsers) -> None:
     p.add_argument("--env", dest="env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment variable for the job; overrides the NCCL/IB defaults (repeatable)")
     p.add_argument("--master-port", type=int, default=29500, help="torchrun rendezvous port (default 29500)")
+    p.add_argument("--launcher", choices=("torchrun", "srun"), default="torchrun",
+                   help="Slurm: torchrun per node (default), or one srun task per rank (each rank gets "
+                        "Slurm's signals itself)")
+    p.add_argument("--cpu", action="store_true",
+                   help="CPU-only nodes: request no GPUs, no CUDA environment (gloo)")
+    p.add_argument("--signal-lead", type=int, default=300, metavar="SECONDS",
+                   help="Slurm: SIGUSR1 this long before the time limit; the trainer checkpoints and "
+                        "requeues the job (default 300; 0: none)")
+    p.add_argument("--status", action="store_true",
+                   help="Slurm: state of the job last submitted as --name under --job-dir, then exit")
+    p.add_argument("--logs", action="store_true",
+                   help="Slurm: print that job's log (all attempts), then exit")
     p.add_argument("--module", default=None,
                    help="advanced: run `python -m MODULE --config FILE` instead of `maspo train` "
                         "(e.g. a smoke-test entry point)")
@@ -70,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         write_config,
     )
 
+    if args.status or args.logs:
+        return _show(args)
     if args.recipe_name:
         if args.recipe:
             raise ConfigError("give the recipe either positionally or with --recipe, not both")
@@ -84,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
                              nodes=args.nodes, gpus_per_node=gpus, job_dir=args.job_dir, account=args.account,
                              partition=args.partition, time=args.time, container_image=args.container_image,
                              container_mounts=args.mounts, env=parse_env(args.env),
-                             master_port=args.master_port)
+                             master_port=args.master_port, launcher=args.launcher, cpu=args.cpu,
+                             signal_lead_s=args.signal_lead)
         cfg = resolve_for_cluster(cfg, opts)
     except ValueError as e:
         raise ConfigError(str(e)) from None
@@ -103,17 +122,39 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     task = nr.build_task(task_args, module=module)
-    use_cuda = cuda or args.executor == "slurm"
+    use_cuda = (cuda or args.executor == "slurm") and not args.cpu
     if args.dry_run:
         sys.stdout.write(f"# resolved config ({config_path})\n{dump_yaml(cfg)}\n")
         sys.stdout.write(f"# job script ({args.executor}, not submitted)\n")
         sys.stdout.write(nr.dry_run_script(opts, task, cuda=use_cuda) + "\n")
         return 0
     try:
-        nr.launch(opts, task, cuda=use_cuda)
+        record = nr.launch(opts, task, cuda=use_cuda, run_dir=cfg.checkpoint.run_dir)
     except RuntimeError as e:
         print(f"maspo launch: {e}", file=sys.stderr)
         return 1
+    if record is not None:
+        print(f"submitted Slurm job {record.job_id}: log {record.log}; run directory {cfg.checkpoint.run_dir}\n"
+              f"  maspo launch --status --name {opts.name} --job-dir {args.job_dir}   (--logs for the log)")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    """``--status`` / ``--logs`` of the job recorded under ``<job-dir>/<name>``."""
+    from pathlib import Path
+
+    from megatron_maspo.errors import ConfigError
+    from megatron_maspo.launch.slurm_job import job_state, read_record
+
+    if not args.name:
+        raise ConfigError("--status/--logs need --name (and --job-dir if not the default)")
+    record = read_record((Path(args.job_dir) / args.name).resolve())
+    if args.logs:
+        sys.stdout.write(record.read_log())
+        return 0
+    state = job_state(record.job_id)
+    print(f"job {record.job_id} ({args.name}): {state.describe()}\nlog: {record.log}\nrun directory: "
+          f"{record.run_dir}")
     return 0
 
 

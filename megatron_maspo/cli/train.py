@@ -52,10 +52,13 @@ def run(args: argparse.Namespace) -> int:
         raise MissingPathError(f"data.source={src!r}: no such file")
     if cfg.reward.grader:
         resolve(cfg.reward.grader, "reward.grader")
+    from megatron_maspo.launch.requeue import auto_resume, requeue_if_unfinished
     from megatron_maspo.train.loop import check_run_dir, train
 
-    check_run_dir(cfg.checkpoint.run_dir, resume=bool(args.resume))
+    resume = bool(args.resume) or auto_resume(cfg)
+    check_run_dir(cfg.checkpoint.run_dir, resume=resume)
 
-    run_dir = train(cfg, resume=bool(args.resume))
+    run_dir = train(cfg, resume=resume)
+    requeue_if_unfinished(cfg)  # a Slurm job stopped by its time-limit signal goes back in the queue
     print(f"run directory: {run_dir}")
     return 0

@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 EXECUTORS = ("local", "slurm")
+LAUNCHERS = ("torchrun", "srun")
+# Set by the srun-native Slurm launch: each task derives RANK / WORLD_SIZE / LOCAL_RANK from Slurm's
+# SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID (see rank_env_from_slurm); the batch script exports
+# MASTER_ADDR (the first node's IP) and MASTER_PORT.
+SRUN_RANKS_ENV = "MASPO_RANKS_FROM_SLURM"
 TRAIN_MODULE = "megatron_maspo.cli.main"
 
 # Environment every GPU job gets. CUDA_DEVICE_MAX_CONNECTIONS=1 keeps Megatron's TP communication kernels
@@ -77,6 +82,18 @@ class LaunchOptions:
     """Extra / overriding environment variables."""
     master_port: int = 29500
     """torchrun c10d rendezvous port on the first node (the master address is that node's IP)."""
+    launcher: str = "torchrun"
+    """``"torchrun"``: one Slurm task per node spawning ``gpus_per_node`` workers; ``"srun"``: one Slurm
+    task per rank, ranks from Slurm's environment. With ``srun`` every rank receives Slurm's signals
+    itself; torchrun forwards them but kills workers that take longer than 30 s to stop."""
+    cpu: bool = False
+    """CPU-only nodes: no GPU request, no CUDA environment (the processes use gloo)."""
+    signal_lead_s: int = 300
+    """Slurm: send SIGUSR1 to every task this many seconds before the time limit (0: none). The
+    trainer checkpoints, stops, and requeues the job if its steps are not done."""
+    python: str | None = None
+    """Interpreter of the tasks without a container (default: the launcher's own, ``sys.executable``;
+    the nodes must see it at the same path)."""
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -91,8 +108,18 @@ class LaunchOptions:
             raise ValueError(f"time={self.time!r}; accepted: HH:MM:SS or D-HH:MM:SS")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise ValueError(f"name={self.name!r}; accepted: letters, digits, '_', '.', '-'")
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher={self.launcher!r}; accepted: {list(LAUNCHERS)}")
+        if self.executor == "local" and self.launcher != "torchrun":
+            raise ValueError("the local executor runs torchrun; --launcher srun needs --executor slurm")
+        if self.signal_lead_s < 0:
+            raise ValueError(f"signal_lead_s={self.signal_lead_s}; accepted: >= 0")
         if not 1024 <= self.master_port <= 65535:
             raise ValueError(f"master_port={self.master_port}; accepted: 1024..65535")
+        if self.executor == "slurm" and "/nemo_run" in str(Path(self.job_dir).resolve()):
+            # nemo-run 0.11.1 rewrites "/nemo_run" in its job paths (its in-container run dir name).
+            raise ValueError(f"job_dir={self.job_dir!r}: a path containing '/nemo_run' is garbled by "
+                             "NeMo-Run; choose another")
         for m in self.container_mounts:
             if ":" not in m:
                 raise ValueError(f"container mount {m!r} must be src:dst[:flags]")
@@ -113,6 +140,26 @@ def job_env(opts: LaunchOptions, *, cuda: bool = True) -> dict[str, str]:
     return env
 
 
+def rank_env_from_slurm(env: dict[str, str]) -> dict[str, str]:
+    """torch.distributed's ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` from an srun task's environment.
+
+    Empty unless the launcher asked for it (``MASPO_RANKS_FROM_SLURM=1``) and torchrun did not already
+    set ``WORLD_SIZE``: an interactive ``salloc`` shell also carries SLURM_* variables and must stay a
+    one-process run. ``MASTER_ADDR`` / ``MASTER_PORT`` come from the batch script.
+
+    Raises:
+        ValueError: asked for, but a SLURM_* or MASTER_* variable is missing.
+    """
+    if env.get(SRUN_RANKS_ENV) != "1" or "WORLD_SIZE" in env:
+        return {}
+    missing = [k for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT")
+               if k not in env]
+    if missing:
+        raise ValueError(f"{SRUN_RANKS_ENV}=1 but {', '.join(missing)} unset: start the task with srun "
+                         "inside an allocation whose batch script exports MASTER_ADDR and MASTER_PORT")
+    return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"], "LOCAL_RANK": env["SLURM_LOCALID"]}
+
+
 def parse_env(pairs: list[str]) -> dict[str, str]:
     """``["K=V", ...]`` -> dict; raises ValueError naming a malformed pair."""
     out = {}
@@ -129,16 +176,25 @@ def job_root(opts: LaunchOptions) -> Path:
     return (Path(opts.job_dir) / opts.name).resolve()
 
 
+def nemo_run_dir(opts: LaunchOptions) -> Path:
+    """``<job root>/nemorun``: NeMo-Run's experiment folders (sbatch script, logs) of a Slurm launch."""
+    return job_root(opts) / "nemorun"
+
+
 def resolve_for_cluster(cfg: MaspoConfig, opts: LaunchOptions) -> MaspoConfig:
     """``cfg`` with ``parallel.world_size`` set to the job's process count (re-validated).
 
     On Slurm a relative ``checkpoint.run_dir`` is moved under :func:`job_root` (a shared path mounted at
     the same place in the container), so checkpoints land on the shared filesystem, not in the container.
+    Slurm jobs get ``checkpoint.auto_resume``: NeMo-Run submits every job requeueable (``sbatch
+    --requeue``), and a requeued job reruns the same command, which must continue, not refuse.
     """
     parallel = dataclasses.replace(cfg.parallel, world_size=opts.world_size)
     ckpt = cfg.checkpoint
     if opts.executor == "slurm" and not Path(ckpt.run_dir).is_absolute():
         ckpt = dataclasses.replace(ckpt, run_dir=str(job_root(opts) / ckpt.run_dir))
+    if opts.executor == "slurm":
+        ckpt = dataclasses.replace(ckpt, auto_resume=True)
     return dataclasses.replace(cfg, parallel=parallel, checkpoint=ckpt)
 
 

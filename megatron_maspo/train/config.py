@@ -105,6 +105,10 @@ class CheckpointConfig:
     """Checkpoint every N rollout steps (0 = only at the end and on SIGTERM/SIGINT)."""
     keep_last: int = 2
     """Checkpoints kept; older ones are deleted after a newer one is complete."""
+    auto_resume: bool = False
+    """Resume from the run directory's latest complete checkpoint when it holds one, without
+    ``--resume`` (a requeued Slurm job restarts the same command). Off: a fresh run refuses a run
+    directory with checkpoints. ``maspo launch --executor slurm`` turns it on."""
 
     def __post_init__(self) -> None:
         if not self.run_dir:

@@ -25,6 +25,9 @@ def setup_distributed(timeout_s: float = 1800.0) -> tuple[int, int]:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
+    from megatron_maspo.launch.job import rank_env_from_slurm
+
+    os.environ.update(rank_env_from_slurm(dict(os.environ)))  # srun-native Slurm launch: ranks from Slurm
     if "WORLD_SIZE" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
                           WORLD_SIZE="1", LOCAL_RANK="0")

@@ -1,4 +1,7 @@
-"""SIGTERM / SIGINT: finish the current step, checkpoint, exit cleanly.
+"""SIGTERM / SIGINT / SIGUSR1: finish the current step, checkpoint, exit cleanly.
+
+SIGUSR1 is what ``maspo launch --executor slurm`` asks Slurm to send ahead of the time limit
+(``--signal=USR1@N``); SIGTERM is what preemption and ``scontrol requeue`` send.
 
 The handler only sets a flag; the loop checks it at step boundaries (a checkpoint written from inside a
 signal handler, in the middle of a collective, would corrupt state or hang the other ranks). Ranks agree
@@ -23,7 +26,7 @@ class StopRequest:
     def __init__(self) -> None:
         self.requested: int | None = None
         self._prev = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             # signal.signal raises ValueError outside the main thread (e.g. a test runner's thread).
             with contextlib.suppress(ValueError):
                 self._prev[sig] = signal.signal(sig, self._handle)
