@@ -52,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
         raise MissingPathError(f"data.source={src!r}: no such file")
     if cfg.reward.grader:
         resolve(cfg.reward.grader, "reward.grader")
-    from megatron_maspo.train.loop import check_run_dir, train
+    from megatron_maspo.train.loop import check_layout_supported, check_run_dir, train
 
+    check_layout_supported(cfg)
     check_run_dir(cfg.checkpoint.run_dir, resume=bool(args.resume))
 
     run_dir = train(cfg, resume=bool(args.resume))

@@ -57,6 +57,8 @@ none. Step time (seconds per rollout step) from FLOPs and bandwidth, with the ef
                   + tail steps, KV reads per generated token, at HBM x decode_bw_eff; the tail is the
                   longest response (Assumptions.response_max, else rollout.max_new_tokens)
     sync        = sync_fixed_s + 2 P / sync bandwidth
+    offload     = 2 * offloaded bytes / host_gb_s     out before generation, back before the update
+    context parallelism adds its exposed ring K/V exchange to old-logprob and update (launch/plan_cp.py)
 
 Response and prompt lengths default to fractions of their budgets; ``Assumptions.response_mean``,
 ``response_max`` and ``prompt_mean`` (``maspo plan --response-mean/--response-max/--prompt-mean``) set
@@ -120,6 +122,8 @@ class Assumptions:
     """Point-to-point bandwidth between GPUs of one node (context-parallel ring), GB/s."""
     internode_gb_s: float = 40.0
     """Point-to-point bandwidth between nodes per GPU (400 Gb/s InfiniBand at ~80%), GB/s."""
+    host_gb_s: float = 20.0
+    """Pinned host <-> GPU copy bandwidth per GPU for trainer offload (PCIe Gen5 x16, shared), GB/s."""
     p2p_latency_us: float = 20.0
     """Fixed cost of one ring hop (launch + synchronisation), microseconds."""
     reserve_gb: float = 3.0
@@ -193,10 +197,12 @@ class StepTime:
     old_logprob: float
     update: float
     sync: float
+    offload: float = 0.0
+    """Moving the offloaded training state to host memory and back (train.offload_*), seconds."""
 
     @property
     def total(self) -> float:
-        return self.generation + self.old_logprob + self.update + self.sync
+        return self.generation + self.old_logprob + self.update + self.sync + self.offload
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -413,7 +419,8 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     else:  # builtin engine: a bf16 copy plus KV for this rank's sequences at full length
         kv_pool = ro.group_size * tr.prompts_per_step / world * seq_max * kv_bytes_per_token(spec, 1)
         engine = engine_w + kv_pool
-    state = category_bytes(weights=p_local * elt, reference=p_local * elt if tr.reference_model else 0.0,
+    has_ref = tr.reference_model or cfg.loss.kl_coef > 0  # the actor builds one in either case
+    state = category_bytes(weights=p_local * elt, reference=p_local * elt if has_ref else 0.0,
                            grads=p_local * 4, optimizer=(p_dense / d_dense + p_expert / d_expert) * opt_per_param)
     off = offloaded_bytes(state, params=tr.offload_params, grads=tr.offload_grads,
                           optimizer=tr.offload_optimizer)
@@ -447,7 +454,7 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     ring_f, ring_b = _cp_ring(spec, lay, tr.max_tokens_per_micro_batch, avg_seq, elt, hw, gpus_per_node)
     ring_fwd = ring_f * n_micro * tr.mini_batches_per_step * (spec.num_layers // lay.pp)
     ring_bwd = ring_b * n_micro * tr.mini_batches_per_step * (spec.num_layers // lay.pp)
-    old_lp = (fwd_s + ring_fwd) * (2 if tr.reference_model else 1)
+    old_lp = (fwd_s + ring_fwd) * (2 if has_ref else 1)
     update = fwd_s * (4 if lay.recompute == "full" else 3) + ring_fwd * (2 if lay.recompute == "full" else 1) \
         + ring_bwd
     engines = world // lay.vllm_tp if world % lay.vllm_tp == 0 else 1
@@ -469,7 +476,8 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     sync = hw.sync_fixed_s + 2 * p_total / (hw.sync_gb_s * 1e9)
     return Plan(layout=lay, world=world, dp=dp, memory=mem, kv_seqs=kv_seqs, reasons=reasons,
                 engines=engines, tail=tail, gpus_per_node=gpus_per_node,
-                time=StepTime(generation=gen, old_logprob=old_lp, update=update, sync=sync))
+                time=StepTime(generation=gen, old_logprob=old_lp, update=update, sync=sync,
+                              offload=2 * sum(off.values()) / (hw.host_gb_s * 1e9)))
 
 
 def _divisors(n: int, cap: int) -> list[int]:
@@ -535,8 +543,9 @@ def format_plan(plan: Plan, title: str = "") -> str:
                          f"per GPU ({m.host * plan.gpus_per_node:.0f} GiB per node)")
     if plan.time:
         t = plan.time
+        offload = f"  offload {t.offload:.1f}" if t.offload else ""
         lines.append(f"  step s: generation {t.generation:.0f}  old-logprob {t.old_logprob:.0f}  update "
-                     f"{t.update:.0f}  sync {t.sync:.1f}  total {t.total:.0f}")
+                     f"{t.update:.0f}  sync {t.sync:.1f}{offload}  total {t.total:.0f}")
         lines.append(f"  generation assumes {plan.engines} engines of vllm_tp={lay.vllm_tp} GPUs (the rollout "
                      f"fleet; the trainer builds one engine today) and a longest response of {plan.tail:.0f} tokens")
     lines += [f"  REFUSED: {r}" for r in plan.reasons] or ["  fits"]

@@ -13,9 +13,9 @@ so during generation the GPU holds only what is not offloaded, and the host hold
     rollout peak = weights + reference + grads + optimizer - offloaded + engine + reserve
     host         = offloaded per GPU (x GPUs per node for one node's pinned memory)
 
-The update phase reloads everything, so the train peak does not change. tests/unit/launch/
-test_plan_memory.py compares these per-category figures with the bytes ``StateOffloader`` measures on a
-CPU run of a tiny model.
+The update phase reloads everything, so the train peak does not change. tests/distributed/
+test_plan_memory.py compares these per-category figures with the bytes ``StateOffloader`` measures on
+CPU runs of a tiny model (1 rank fp32 with a reference model; 2 ranks bf16 + distributed optimizer).
 """
 
 from __future__ import annotations
