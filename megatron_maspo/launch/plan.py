@@ -75,7 +75,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from megatron_maspo.launch.plan_cp import TRAINER_REFUSES, RingLoad, ring_exposed_seconds, ring_link_gb_s
+from megatron_maspo.launch.plan_cp import (
+    TRAINER_REFUSES,
+    RingLoad,
+    ring_exposed_seconds,
+    ring_link_gb_s,
+)
 from megatron_maspo.launch.plan_memory import category_bytes, offloaded_bytes
 from megatron_maspo.launch.plan_rollout import EngineLoad, generation_seconds, moe_touched_fraction
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec

@@ -11,7 +11,12 @@ from megatron_maspo.cli.main import main
 from megatron_maspo.config import load_recipe
 from megatron_maspo.errors import ConfigError
 from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
-from megatron_maspo.launch.plan_cp import RingLoad, kv_hop_bytes, ring_exposed_seconds, ring_link_gb_s
+from megatron_maspo.launch.plan_cp import (
+    RingLoad,
+    kv_hop_bytes,
+    ring_exposed_seconds,
+    ring_link_gb_s,
+)
 from megatron_maspo.parallel.config import ParallelConfig
 from megatron_maspo.train.loop import check_layout_supported
 
