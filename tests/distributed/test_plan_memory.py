@@ -44,7 +44,8 @@ CASES = {"1rank_fp32_reference": (1, False, False, True),
          "dp2_distopt_bf16": (2, True, True, False)}
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c.startswith("dp2") else c
+                                  for c in CASES])
 def test_planner_category_bytes_match_what_the_offloader_moves(case):
     world, bf16, dist_opt, reference = CASES[case]
     results = run_workers(_worker, world, bf16, dist_opt, reference)
