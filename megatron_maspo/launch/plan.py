@@ -4,8 +4,8 @@ Memory (GiB = 2^30 bytes, per GPU, on the worst pipeline stage; P_l = parameters
 
     weights     = P_l * (2 if bf16 else 4)
     grads       = P_l * 4                         fp32 grad buffer (Megatron accumulates bf16 grads in fp32)
-    optimizer   = P_l * (12 if bf16 else 8) / d   fp32 main copy (bf16 only) + Adam m, v; d = DP size with the
-                                                  distributed optimizer (expert params: d = DP / EP), else 1
+    optimizer   = P_l * (12 if bf16 else 8) / d   fp32 main copy (bf16 only) + Adam m, v; d = DP x CP with the
+                                                  distributed optimizer (expert params: d = DP x CP / EP), else 1
     activations = k * (L / pp) * N * a            N = train.max_tokens_per_micro_batch tokens per micro-batch,
                                                   k = micro-batches in flight on stage 0 (min(pp, #micro)),
                                                   a = bytes per token per layer (below)
