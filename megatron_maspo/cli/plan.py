@@ -10,6 +10,8 @@ Formulas and assumptions: ``megatron_maspo/launch/plan.py``.
     maspo plan llama3_70b_maspo --nodes 8 --gpus-per-node 8 --gpu-mem-gb 141 --hbm-tb-s 4.8   # H200
     maspo plan r1_distill_qwen_14b_maspo --nodes 2 --set parallel.tp=2                          # refused?
     maspo plan r1_distill_qwen_7b_maspo --nodes 4 --response-mean 2500 --response-max 8192      # measured lengths
+    maspo plan r1_distill_qwen_7b_maspo --nodes 4 --set train.offload_optimizer=true          # host memory it needs
+    maspo plan llama3_70b_maspo --nodes 16 --set parallel.cp=2 --set model.attention_backend=te  # CP: planned only
 
 Exit status: 0 when the layout fits, 1 when refused (after printing any suggestion), 2 on bad input.
 """

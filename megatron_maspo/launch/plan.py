@@ -4,8 +4,8 @@ Memory (GiB = 2^30 bytes, per GPU, on the worst pipeline stage; P_l = parameters
 
     weights     = P_l * (2 if bf16 else 4)
     grads       = P_l * 4                         fp32 grad buffer (Megatron accumulates bf16 grads in fp32)
-    optimizer   = P_l * (12 if bf16 else 8) / d   fp32 main copy (bf16 only) + Adam m, v; d = DP size with the
-                                                  distributed optimizer (expert params: d = DP / EP), else 1
+    optimizer   = P_l * (12 if bf16 else 8) / d   fp32 main copy (bf16 only) + Adam m, v; d = DP x CP with the
+                                                  distributed optimizer (expert params: d = DP x CP / EP), else 1
     activations = k * (L / pp) * N * a            N = train.max_tokens_per_micro_batch tokens per micro-batch,
                                                   k = micro-batches in flight on stage 0 (min(pp, #micro)),
                                                   a = bytes per token per layer (below)
@@ -25,10 +25,15 @@ Memory (GiB = 2^30 bytes, per GPU, on the worst pipeline stage; P_l = parameters
                                                         output in the input dtype, fp32 upcast for softmax
                                                         (2e n_t S^2 in fp32)
 
-    peak = weights + grads + optimizer + max(activations + attention + logprob, engine) + reserve
+    reference   = P_l * (2 if bf16 else 4)        the frozen reference model (train.reference_model)
+
+    train peak   = weights + reference + grads + optimizer + activations + attention + logprob + reserve
+    rollout peak = weights + reference + grads + optimizer - offloaded + engine + reserve
 
 The vLLM engine sleeps (level 1/2) during the update, so its share and the trainer's activations never
-coexist; the trainer's weights, grads and optimizer state stay resident throughout (no offload).
+coexist. ``offloaded`` is what train.offload_params/grads/optimizer move to host memory during generation
+(launch/plan_memory.py; 0 without offload). Context parallelism (parallel.cp, launch/plan_cp.py) splits
+each row's N tokens over cp ranks: activations and the log-prob workspace are those of N / cp tokens.
 
 Activation bytes per token per layer ``a`` (flash-style attention so no s^2 tensor, dropout 0 as in RL;
 e = element bytes; Korthikanti et al. 2022 generalised to GQA and SwiGLU):
@@ -52,6 +57,8 @@ none. Step time (seconds per rollout step) from FLOPs and bandwidth, with the ef
                   + tail steps, KV reads per generated token, at HBM x decode_bw_eff; the tail is the
                   longest response (Assumptions.response_max, else rollout.max_new_tokens)
     sync        = sync_fixed_s + 2 P / sync bandwidth
+    offload     = 2 * offloaded bytes / host_gb_s     out before generation, back before the update
+    context parallelism adds its exposed ring K/V exchange to old-logprob and update (launch/plan_cp.py)
 
 Response and prompt lengths default to fractions of their budgets; ``Assumptions.response_mean``,
 ``response_max`` and ``prompt_mean`` (``maspo plan --response-mean/--response-max/--prompt-mean``) set
@@ -68,6 +75,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from megatron_maspo.launch.plan_cp import (
+    TRAINER_REFUSES,
+    RingLoad,
+    ring_exposed_seconds,
+    ring_link_gb_s,
+)
+from megatron_maspo.launch.plan_memory import category_bytes, offloaded_bytes
 from megatron_maspo.launch.plan_rollout import EngineLoad, generation_seconds, moe_touched_fraction
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
 from megatron_maspo.parallel.logprobs_budget import DEFAULT_BUDGET_BYTES
@@ -110,6 +124,14 @@ class Assumptions:
     """Mean response tokens; None: ``response_frac`` x rollout.max_new_tokens."""
     response_max: float | None = None
     """Longest response of one engine's batch (the straggler tail); None: rollout.max_new_tokens."""
+    nvlink_gb_s: float = 150.0
+    """Point-to-point bandwidth between GPUs of one node (context-parallel ring), GB/s."""
+    internode_gb_s: float = 40.0
+    """Point-to-point bandwidth between nodes per GPU (400 Gb/s InfiniBand at ~80%), GB/s."""
+    host_gb_s: float = 20.0
+    """Pinned host <-> GPU copy bandwidth per GPU for trainer offload (PCIe Gen5 x16, shared), GB/s."""
+    p2p_latency_us: float = 20.0
+    """Fixed cost of one ring hop (launch + synchronisation), microseconds."""
     reserve_gb: float = 3.0
     """CUDA context, NCCL buffers and allocator fragmentation, GiB."""
     engine_overhead_gb: float = 2.0
@@ -131,6 +153,7 @@ class Layout:
     recompute: str | None = None
     distributed_optimizer: bool = False
     vllm_tp: int = 1
+    cp: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,15 +170,25 @@ class Memory:
     attention: float = 0.0
     """Attention memory beyond ``activations``: the dense-mask path's [S, S] tensors; 0 on packed paths."""
     attention_backend: str = "packed_sdpa"
+    reference: float = 0.0
+    """The frozen reference model's weights (train.reference_model), resident like the actor's."""
+    offloaded: dict[str, float] = field(default_factory=dict)
+    """GiB per GPU moved to host memory during generation, by offload category (launch/plan_memory.py)."""
+
+    @property
+    def host(self) -> float:
+        """Pinned host memory per GPU the offload needs, GiB."""
+        return sum(self.offloaded.values())
 
     @property
     def train_peak(self) -> float:
-        return (self.weights + self.grads + self.optimizer + self.activations + self.attention
-                + self.logprob + self.reserve)
+        return (self.weights + self.reference + self.grads + self.optimizer + self.activations
+                + self.attention + self.logprob + self.reserve)
 
     @property
     def rollout_peak(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.engine + self.reserve
+        return (self.weights + self.reference + self.grads + self.optimizer - self.host + self.engine
+                + self.reserve)
 
     @property
     def peak(self) -> float:
@@ -170,10 +203,12 @@ class StepTime:
     old_logprob: float
     update: float
     sync: float
+    offload: float = 0.0
+    """Moving the offloaded training state to host memory and back (train.offload_*), seconds."""
 
     @property
     def total(self) -> float:
-        return self.generation + self.old_logprob + self.update + self.sync
+        return self.generation + self.old_logprob + self.update + self.sync + self.offload
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,6 +232,7 @@ class Plan:
     transport: str = ""
     """``rollout.weight_transport`` (vLLM) or ``"in-process"`` (built-in engine)."""
     bucket_mb: float = 0.0
+    gpus_per_node: int = 8
     reasons: list[str] = field(default_factory=list)
 
     @property
@@ -227,7 +263,7 @@ def arch_of(cfg: MaspoConfig) -> ArchSpec:
 def layout_of(cfg: MaspoConfig) -> Layout:
     p = cfg.parallel
     return Layout(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, recompute=cfg.model.recompute,
-                  distributed_optimizer=p.distributed_optimizer, vllm_tp=cfg.rollout.vllm_tp)
+                  distributed_optimizer=p.distributed_optimizer, vllm_tp=cfg.rollout.vllm_tp, cp=p.cp)
 
 
 def fleet_of(cfg: MaspoConfig, lay: Layout, world: int) -> FleetLayout | None:
@@ -319,6 +355,16 @@ def expert_active_params(spec: ArchSpec) -> float:
     return float(spec.num_layers * spec.moe_router_topk * 3 * spec.hidden_size * spec.moe_ffn_hidden_size)
 
 
+def _cp_ring(spec: ArchSpec, lay: Layout, row: int, seq: float, elt: int, hw: Assumptions,
+             gpus_per_node: int) -> tuple[float, float]:
+    """Exposed ring-attention seconds (forward, backward) per layer and micro-batch (launch/plan_cp.py)."""
+    load = RingLoad(cp=lay.cp, row_tokens=row, seq_mean=min(seq, row), heads=spec.num_attention_heads,
+                    kv_groups=spec.num_query_groups, head_dim=spec.kv_channels, tp=lay.tp, elt=elt)
+    bw = ring_link_gb_s(lay.tp, lay.cp, gpus_per_node, intra_gb_s=hw.nvlink_gb_s, inter_gb_s=hw.internode_gb_s)
+    return ring_exposed_seconds(load, link_gb_s=bw, latency_s=hw.p2p_latency_us * 1e-6,
+                                flops_per_s=hw.peak_tflops * 1e12 * hw.mfu)
+
+
 def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_per_node: int,
              hw: Assumptions | None = None) -> Plan:
     """Memory and time for ``cfg`` on ``nodes x gpus_per_node`` GPUs with layout ``lay``.
@@ -332,10 +378,16 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
         spec.validate_layout(lay.tp, lay.pp, lay.ep, lay.vpp)
     except ValueError as e:
         reasons.append(str(e))
-    if world % (lay.tp * lay.pp):
-        reasons.append(f"world size {world} is not divisible by tp*pp = {lay.tp * lay.pp}")
+    if world % (lay.tp * lay.pp * lay.cp):
+        what = "tp*pp" if lay.cp == 1 else "tp*pp*cp"
+        reasons.append(f"world size {world} is not divisible by {what} = {lay.tp * lay.pp * lay.cp}")
         return Plan(layout=lay, world=world, dp=0, reasons=reasons)
-    dp = world // (lay.tp * lay.pp)
+    dp = world // (lay.tp * lay.pp * lay.cp)
+    if lay.cp > 1:
+        reasons.append(TRAINER_REFUSES.format(cp=lay.cp))
+        if cfg.model.attention_backend != "te":
+            reasons.append(f"parallel.cp={lay.cp} needs model.attention_backend='te' (ring attention is a "
+                           f"TransformerEngine kernel), got {cfg.model.attention_backend!r}")
     if lay.tp > gpus_per_node:
         reasons.append(f"tp={lay.tp} spans nodes (gpus_per_node={gpus_per_node}); keep TP inside NVLink")
     if dp % lay.ep:
@@ -360,8 +412,8 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     p_dense, p_expert = local_params(spec, lay, cfg.model.make_vocab_size_divisible_by)
     p_local = p_dense + p_expert
     opt_per_param = 12 if bf16 else 8
-    d_dense = dp if lay.distributed_optimizer else 1
-    d_expert = max(1, dp // lay.ep) if lay.distributed_optimizer else 1
+    d_dense = dp * lay.cp if lay.distributed_optimizer else 1  # Megatron shards over the dp x cp group
+    d_expert = max(1, dp * lay.cp // lay.ep) if lay.distributed_optimizer else 1
     elt = 2 if bf16 else 4
     avg_prompt = hw.prompt_mean if hw.prompt_mean is not None else max_prompt * hw.prompt_frac
     avg_resp = hw.response_mean if hw.response_mean is not None else ro.max_new_tokens * hw.response_frac
@@ -377,7 +429,7 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     backend = cfg.model.attention_backend
     sp = backend == "te" and lay.tp > 1
     per_layer = activation_bytes(spec, lay.tp, lay.recompute, elt, sp)
-    n_tok = tr.max_tokens_per_micro_batch
+    n_tok = tr.max_tokens_per_micro_batch // lay.cp  # this GPU's share of a row under context parallelism
     act = inflight * (spec.num_layers // lay.pp) * n_tok * per_layer
     if lay.recompute == "full":
         act += n_tok * activation_bytes(spec, lay.tp, None, elt, sp)
@@ -394,10 +446,16 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     else:  # builtin engine: a bf16 copy plus KV for this rank's sequences at full length
         kv_pool = ro.group_size * tr.prompts_per_step / world * seq_max * kv_bytes_per_token(spec, 1)
         engine = engine_w + kv_pool
-    mem = Memory(weights=p_local * elt / GIB, grads=p_local * 4 / GIB,
-                 optimizer=(p_dense / d_dense + p_expert / d_expert) * opt_per_param / GIB,
+    has_ref = tr.reference_model or cfg.loss.kl_coef > 0  # the actor builds one in either case
+    state = category_bytes(weights=p_local * elt, reference=p_local * elt if has_ref else 0.0,
+                           grads=p_local * 4, optimizer=(p_dense / d_dense + p_expert / d_expert) * opt_per_param)
+    off = offloaded_bytes(state, params=tr.offload_params, grads=tr.offload_grads,
+                          optimizer=tr.offload_optimizer)
+    mem = Memory(weights=p_local * elt / GIB, grads=state["grads"] / GIB, optimizer=state["optimizer"] / GIB,
                  activations=act / GIB, logprob=logprob / GIB, engine=engine / GIB,
-                 reserve=hw.reserve_gb, attention=attn / GIB, attention_backend=backend)
+                 reserve=hw.reserve_gb, attention=attn / GIB, attention_backend=backend,
+                 reference=(state["params"] - p_local * elt) / GIB,
+                 offloaded={c: b / GIB for c, b in off.items() if b})
     if mem.peak > hw.gpu_mem_gb:
         why = (f"; model.attention_backend='dense_mask' holds {mem.attention:.1f} GiB of [S, S] attention "
                f"tensors at S={n_tok}: 'packed_sdpa' or 'te' are linear in S" if attn else "")
@@ -420,8 +478,12 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     f_exp = 2 * expert_active_params(spec) * n_seqs * avg_seq
     peak = world * hw.peak_tflops * 1e12
     fwd_s = (f_fwd - f_exp) / (peak * hw.mfu) + f_exp / (peak * hw.moe_expert_mfu)
-    old_lp = fwd_s * (2 if tr.reference_model else 1)
-    update = fwd_s * (4 if lay.recompute == "full" else 3)
+    ring_f, ring_b = _cp_ring(spec, lay, tr.max_tokens_per_micro_batch, avg_seq, elt, hw, gpus_per_node)
+    ring_fwd = ring_f * n_micro * tr.mini_batches_per_step * (spec.num_layers // lay.pp)
+    ring_bwd = ring_b * n_micro * tr.mini_batches_per_step * (spec.num_layers // lay.pp)
+    old_lp = (fwd_s + ring_fwd) * (2 if has_ref else 1)
+    update = fwd_s * (4 if lay.recompute == "full" else 3) + ring_fwd * (2 if lay.recompute == "full" else 1) \
+        + ring_bwd
     fleet = fleet_of(cfg, lay, world)  # the layout the trainer builds (rollout/fleet.py)
     engines = fleet.num_engines if fleet else 1
     per_engine = max(fleet.shard_sizes(tr.prompts_per_step)) * ro.group_size if fleet else n_seqs
@@ -443,7 +505,9 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     return Plan(layout=lay, world=world, dp=dp, memory=mem, kv_seqs=kv_seqs, reasons=reasons,
                 engines=engines, tail=tail, fleet=fleet, prompts_per_step=tr.prompts_per_step,
                 transport=ro.weight_transport if ro.engine == "vllm" else "in-process", bucket_mb=ro.bucket_mb,
-                time=StepTime(generation=gen, old_logprob=old_lp, update=update, sync=sync))
+                gpus_per_node=gpus_per_node,
+                time=StepTime(generation=gen, old_logprob=old_lp, update=update, sync=sync,
+                              offload=2 * sum(off.values()) / (hw.host_gb_s * 1e9)))
 
 
 def _divisors(n: int, cap: int) -> list[int]:
@@ -477,7 +541,7 @@ def apply_layout(cfg: MaspoConfig, lay: Layout) -> list[str]:
     cur = layout_of(cfg)
     names = {"tp": "parallel.tp", "pp": "parallel.pp", "ep": "parallel.ep", "vpp": "parallel.vpp",
              "recompute": "model.recompute", "distributed_optimizer": "parallel.distributed_optimizer",
-             "vllm_tp": "rollout.vllm_tp"}
+             "vllm_tp": "rollout.vllm_tp", "cp": "parallel.cp"}
     out = []
     for f in dataclasses.fields(Layout):
         new = getattr(lay, f.name)
@@ -489,22 +553,29 @@ def apply_layout(cfg: MaspoConfig, lay: Layout) -> list[str]:
 def format_plan(plan: Plan, title: str = "") -> str:
     """A human-readable report of one plan."""
     lay = plan.layout
-    lines = [f"{title}world={plan.world} tp={lay.tp} pp={lay.pp} ep={lay.ep} dp={plan.dp} vpp={lay.vpp} "
+    cp = f" cp={lay.cp}" if lay.cp > 1 else ""
+    lines = [f"{title}world={plan.world} tp={lay.tp} pp={lay.pp}{cp} ep={lay.ep} dp={plan.dp} vpp={lay.vpp} "
              f"recompute={lay.recompute} distributed_optimizer={lay.distributed_optimizer} "
              f"vllm_tp={lay.vllm_tp}"]
     if plan.memory:
         m = plan.memory
         lines.append(f"  memory/GPU GiB: weights {m.weights:.1f}  grads {m.grads:.1f}  optimizer "
                      f"{m.optimizer:.1f}  activations {m.activations:.1f}  logprob-chunk {m.logprob:.2f}  "
-                     f"engine {m.engine:.1f}  reserve {m.reserve:.1f}")
+                     f"engine {m.engine:.1f}  reserve {m.reserve:.1f}"
+                     + (f"  reference {m.reference:.1f}" if m.reference else ""))
         quad = f"{m.attention:.1f} GiB [S, S] mask/scores/probs" if m.attention else "linear (in activations)"
         lines.append(f"  attention ({m.attention_backend}): {quad}")
         lines.append(f"  peak GiB: train {m.train_peak:.1f}  rollout {m.rollout_peak:.1f}  "
                      f"-> {m.peak:.1f}; KV pool holds {plan.kv_seqs} full-length sequences per engine")
+        if m.offloaded:
+            cats = "  ".join(f"{c} {g:.1f}" for c, g in m.offloaded.items())
+            lines.append(f"  offloaded during generation GiB/GPU: {cats}; pinned host memory {m.host:.1f} GiB "
+                         f"per GPU ({m.host * plan.gpus_per_node:.0f} GiB per node)")
     if plan.time:
         t = plan.time
+        offload = f"  offload {t.offload:.1f}" if t.offload else ""
         lines.append(f"  step s: generation {t.generation:.0f}  old-logprob {t.old_logprob:.0f}  update "
-                     f"{t.update:.0f}  sync {t.sync:.1f}  total {t.total:.0f}")
+                     f"{t.update:.0f}  sync {t.sync:.1f}{offload}  total {t.total:.0f}")
         fleet = plan.fleet.describe(plan.prompts_per_step) if plan.fleet else "1 engine (no fleet layout)"
         lines.append(f"  rollout fleet (as the trainer builds it): {fleet}; longest response {plan.tail:.0f} tokens")
         lines.append(f"  weight sync: transport {plan.transport}, buckets of {plan.bucket_mb:g} MiB")

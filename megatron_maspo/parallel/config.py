@@ -15,6 +15,10 @@ class ParallelConfig:
     """Pipeline-parallel size (``pipeline_model_parallel_size``)."""
     ep: int = 1
     """Expert-parallel size for MoE models (``expert_model_parallel_size``)."""
+    cp: int = 1
+    """Context-parallel size (``context_parallel_size``): each packed row split over ``cp`` ranks, ring
+    attention exchanging K/V between them. ``maspo plan`` models it; the trainer refuses cp > 1 today
+    (it builds no context-parallel attention), with a ConfigError before anything is built."""
     vpp: int | None = None
     """Virtual pipeline chunks per stage (interleaved schedule); None disables it."""
     distributed_optimizer: bool = False
@@ -29,16 +33,16 @@ class ParallelConfig:
     """Processes the job runs on (nodes x GPUs per node); set by the launcher, 1 on the CPU default."""
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "ep", "world_size"):
+        for name in ("tp", "pp", "ep", "cp", "world_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
         if self.vpp is not None and (self.vpp < 2 or self.pp < 2):
             raise ValueError(f"parallel.vpp={self.vpp} needs vpp >= 2 and pp >= 2 (pp={self.pp})")
-        if self.world_size % (self.tp * self.pp):
-            raise ValueError(f"parallel.world_size={self.world_size} is not divisible by tp*pp="
-                             f"{self.tp * self.pp}")
+        if self.world_size % (self.tp * self.pp * self.cp):
+            raise ValueError(f"parallel.world_size={self.world_size} is not divisible by tp*pp*cp="
+                             f"{self.tp * self.pp * self.cp}")
 
     @property
     def dp(self) -> int:
         """Data-parallel size (derived)."""
-        return self.world_size // (self.tp * self.pp)
+        return self.world_size // (self.tp * self.pp * self.cp)

@@ -95,6 +95,19 @@ def check_run_dir(run_dir: str | Path, *, resume: bool) -> list[Path]:
     return ckpts
 
 
+def check_layout_supported(cfg: MaspoConfig) -> None:
+    """Refuse, with a one-line ConfigError, layouts the planner models but the trainer does not build.
+
+    Context parallelism (``parallel.cp > 1``) needs context-parallel attention (TE ring attention and
+    the CP split of packed rows in the data path), which this trainer does not build.
+    """
+    from megatron_maspo.errors import ConfigError
+
+    if cfg.parallel.cp > 1:
+        raise ConfigError(f"parallel.cp={cfg.parallel.cp}: the trainer does not support context parallelism "
+                          "(cp > 1) yet; `maspo plan` models it for sizing only. Use parallel.cp=1")
+
+
 class Trainer:
     """Owns the actor, the engine, the data order and the sinks of one run."""
 
@@ -104,6 +117,7 @@ class Trainer:
         from megatron_maspo.train.checkpoint import load_checkpoint
 
         check_combinations(cfg)  # ValueError; the CLI has already run it (as a ConfigError)
+        check_layout_supported(cfg)
         ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)  # before the model is built
         self.cfg = cfg
         self.rank, world = setup_distributed()

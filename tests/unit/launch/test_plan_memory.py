@@ -1,0 +1,82 @@
+"""Planner memory for colocated runs that offload the trainer during generation: the rollout peak drops by
+what is offloaded, the host memory it needs is reported, the train peak is unchanged. (The per-category
+bytes themselves are checked against train/offload.py's measured bytes in tests/distributed/
+test_plan_memory.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_maspo.cli.main import main
+from megatron_maspo.config import load_recipe
+from megatron_maspo.launch.plan import GIB, Assumptions, arch_of, estimate, layout_of
+from megatron_maspo.launch.plan_memory import category_bytes, offloaded_bytes
+from megatron_maspo.train.offload import CATEGORIES
+
+
+def _plan(**train):
+    cfg = load_recipe("r1_distill_qwen_7b_maspo")
+    for k, v in train.items():
+        setattr(cfg.train, k, v)
+    return estimate(cfg, arch_of(cfg), layout_of(cfg), nodes=4, gpus_per_node=8)
+
+
+def test_categories_are_the_offloaders():
+    state = category_bytes(weights=2.0, reference=1.0, grads=4.0, optimizer=8.0)
+    assert tuple(state) == CATEGORIES
+    assert offloaded_bytes(state, params=True, grads=False, optimizer=True) == \
+        {"params": 3.0, "grads": 0.0, "optimizer": 8.0}
+
+
+@pytest.mark.parametrize("flags,cats", [
+    ({"offload_params": True}, ("params",)),
+    ({"offload_grads": True, "offload_optimizer": True}, ("grads", "optimizer")),
+    ({"offload_params": True, "offload_grads": True, "offload_optimizer": True}, CATEGORIES),
+])
+def test_rollout_peak_drops_by_what_is_offloaded(flags, cats):
+    base, off = _plan(reference_model=True), _plan(reference_model=True, **flags)
+    m, m0 = off.memory, base.memory
+    held = {"params": m0.weights + m0.reference, "grads": m0.grads, "optimizer": m0.optimizer}
+    assert set(m.offloaded) == set(cats)
+    assert m.offloaded == pytest.approx({c: held[c] for c in cats})
+    assert m.host == pytest.approx(sum(held[c] for c in cats))
+    assert m.rollout_peak == pytest.approx(m0.rollout_peak - m.host)
+    assert m.train_peak == pytest.approx(m0.train_peak)  # everything is back for the update
+    assert m0.offloaded == {} and m0.host == 0.0
+    # moving it out before generation and back before the update costs host-link time
+    assert off.time.offload == pytest.approx(2 * m.host * GIB / (Assumptions().host_gb_s * 1e9))
+    assert off.time.total == pytest.approx(base.time.total + off.time.offload)
+
+
+def test_reference_model_weights_are_resident_and_count():
+    without, with_ref = _plan(), _plan(reference_model=True)
+    assert without.memory.reference == 0.0
+    assert with_ref.memory.reference == pytest.approx(with_ref.memory.weights)
+    assert with_ref.memory.train_peak == pytest.approx(without.memory.train_peak + with_ref.memory.weights)
+
+
+def test_offload_lets_a_colocated_run_fit_that_the_engine_share_refuses():
+    """r1_distill_qwen_7b on 4 x 8 GPUs (its TP 2) with a 0.75 engine share: the rollout peak is over 80 GiB
+    with the trainer's state resident, and fits once it is offloaded."""
+    def plan(**flags):
+        cfg = load_recipe("r1_distill_qwen_7b_maspo")
+        cfg.rollout.vllm_gpu_memory_utilization = 0.75
+        for k, v in flags.items():
+            setattr(cfg.train, k, v)
+        return estimate(cfg, arch_of(cfg), layout_of(cfg), nodes=4, gpus_per_node=8)
+    resident = plan()
+    assert not resident.fits and resident.memory.rollout_peak > 80
+    offloaded = plan(offload_params=True, offload_grads=True, offload_optimizer=True)
+    assert offloaded.fits and offloaded.memory.rollout_peak < 80, offloaded.reasons
+
+
+def test_cli_reports_host_memory(capsys):
+    assert main(["plan", "r1_distill_qwen_7b_maspo", "--nodes", "4", "--set", "train.offload_optimizer=true",
+                 "--set", "train.offload_grads=true"]) == 0
+    out = capsys.readouterr().out
+    plan = _plan(offload_optimizer=True, offload_grads=True)
+    m = plan.memory
+    assert (f"offloaded during generation GiB/GPU: grads {m.offloaded['grads']:.1f}  optimizer "
+            f"{m.offloaded['optimizer']:.1f}; pinned host memory {m.host:.1f} GiB per GPU "
+            f"({m.host * 8:.0f} GiB per node)") in out
+    assert f"offload {plan.time.offload:.1f}" in out
