@@ -268,9 +268,9 @@ def layout_of(cfg: MaspoConfig) -> Layout:
 
 def fleet_of(cfg: MaspoConfig, lay: Layout, world: int) -> FleetLayout | None:
     """The :class:`FleetLayout` the trainer would build for ``cfg`` with layout ``lay`` on ``world`` GPUs."""
-    p = dataclasses.replace(cfg.parallel, tp=lay.tp, pp=lay.pp, ep=lay.ep)
-    cfg = dataclasses.replace(cfg, parallel=p, rollout=dataclasses.replace(cfg.rollout, vllm_tp=lay.vllm_tp))
-    try:
+    try:  # the config's own validation refuses layouts that do not divide the world: no fleet then
+        p = dataclasses.replace(cfg.parallel, tp=lay.tp, pp=lay.pp, ep=lay.ep)
+        cfg = dataclasses.replace(cfg, parallel=p, rollout=dataclasses.replace(cfg.rollout, vllm_tp=lay.vllm_tp))
         return build_fleet(cfg, world)
     except ValueError:
         return None  # refused elsewhere (vllm_tp or tp*pp does not divide the world)
