@@ -135,6 +135,9 @@ class Trainer:
                                  state.get("cursor", 0))
         self.sft_done = bool(state.get("sft_done", False))
         self.reward_totals: dict[str, int] = {}
+        self.timings: dict[str, float] = {"time/generate": 0.0, "time/grade": 0.0}
+        self.engine_rounds: list = []  # per-engine figures of the current step's rounds (fleet_rollout.py)
+        self.sync_gb_per_s = 0.0
         self.progress = Progress(total=cfg.train.steps, enabled=False)  # run() puts up the live one
         if self.rank == 0:
             save_config(cfg, self.run_dir / "config.yaml")
