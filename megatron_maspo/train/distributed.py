@@ -33,8 +33,3 @@ def setup_distributed(timeout_s: float = 1800.0) -> tuple[int, int]:
                           WORLD_SIZE="1", LOCAL_RANK="0")
     comm.bind_local_device()
     return comm.init_default_group(timeout_s)
-
-
-def broadcast_object(obj, src: int = 0, group=None):
-    """Broadcast a picklable object from global rank ``src`` to every rank of ``group``."""
-    return comm.broadcast_object(obj, src=src, group=group)

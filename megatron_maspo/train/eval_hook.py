@@ -1,10 +1,10 @@
 """Evaluation during training: Avg@k / Pass@k on held-out prompts every ``eval.every`` rollout steps.
 
-Runs on the rank that owns the rollout engine, between two steps, right after the weight sync, so it
-evaluates exactly the policy that generates the next rollout. Metric keys (one row of metrics.jsonl):
+Runs on the first engine of the rollout fleet (global rank 0; the other engines wait), between two
+steps, right after the weight sync, so it evaluates exactly the policy that generates the next rollout. Metric keys (one row of metrics.jsonl):
 ``eval/<benchmark>/avg@k``, ``eval/<benchmark>/pass@j`` for j in powers of two up to k (the JSON
 report of ``maspo eval`` has every j), ``eval/<benchmark>/dropped`` and ``eval/average/*``.
-Other ranks return ``{}`` (they only log on rank 0) and wait at the next step's broadcast; keep the
+Other ranks return ``{}`` (they only log on rank 0) and wait at the next step's gather; keep the
 held-out set small enough that one evaluation fits the collective timeout.
 """
 

@@ -160,6 +160,9 @@ class Trainer:
 
             raise ConfigError("the checkpoint holds rollout batches generated ahead (rollout.max_staleness "
                               "> 0): resume it with the same rollout.max_staleness")
+        self.timings: dict[str, float] = {"time/generate": 0.0, "time/grade": 0.0}
+        self.engine_rounds: list = []  # per-engine figures of the current step's rounds (fleet_rollout.py)
+        self.sync_gb_per_s = 0.0
         self.progress = Progress(total=cfg.train.steps, enabled=False)  # run() puts up the live one
         if self.rank == 0:
             save_config(cfg, self.run_dir / "config.yaml")

@@ -34,3 +34,35 @@ def test_dp_replicas_skip_the_export():
                 assert dp_rank == rank // tp, (rank, tp, dp_rank)
                 assert to_first == (rank // tp == 0), (rank, tp)
                 assert to_last == (rank // tp == (4 - 1) // tp), (rank, tp)
+
+
+def _fleet_worker(rank: int, world: int) -> dict:
+    from megatron_maspo.conversion.megatron_to_hf import export_hf_weights
+    from megatron_maspo.model.hf_config import hf_config_dict
+    from megatron_maspo.parallel.groups import init_parallel
+    from megatron_maspo.rollout.builtin_engine import BuiltinEngine
+    from megatron_maspo.rollout.fleet import FleetLayout
+    from megatron_maspo.rollout.weight_sync import joins_export, sync_weights
+    from tests.distributed._gpt_helpers import build
+    from tests.distributed.test_weight_sync import BUCKET, SPEC
+
+    agree = []
+    for tp in (1, 2, 4):
+        g = init_parallel(tp=tp)
+        for rtp in (1, 2, 4):
+            f = FleetLayout(world=world, rollout_tp=rtp, tp=tp)
+            agree.append(joins_export(g, f.engine_ranks) == f.joins_export(rank))
+    # TP 2 x DP 2 with an engine on every rank: each replica exports once, both of its owners load it
+    fleet = FleetLayout(world=world, rollout_tp=1, tp=2)
+    groups, chunks = build(SPEC, 2, 1, divisible_by=64)
+    engine = BuiltinEngine.from_hf_config(hf_config_dict(SPEC))
+    stats = sync_weights(chunks, SPEC, groups, engine, bucket_bytes=BUCKET, sender_rank=fleet.engine_ranks)
+    want = dict(export_hf_weights(chunks, SPEC, groups))
+    got = dict(engine.model.named_parameters())
+    return {"agree": all(agree), "synced": stats.num_tensors == len(want) > 0,
+            "equal": all(bool((got[n] == t).all()) for n, t in want.items())}
+
+
+def test_every_engine_of_a_fleet_is_fed_by_its_replica():
+    for rank, res in enumerate(run_workers(_fleet_worker, 4)):
+        assert res == {"agree": True, "synced": True, "equal": True}, rank
