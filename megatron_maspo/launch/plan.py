@@ -230,7 +230,8 @@ def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[
     dense, expert = attn + 2 * h, 0.0
     if spec.is_moe:
         assert spec.num_moe_experts and spec.moe_ffn_hidden_size
-        expert = spec.num_moe_experts * 3 * h * spec.moe_ffn_hidden_size / (lay.ep * t)
+        # experts are split over EP only: the trainer sets expert_tensor_parallel_size=1 (model/moe.py)
+        expert = spec.num_moe_experts * 3 * h * spec.moe_ffn_hidden_size / lay.ep
         dense += h * spec.num_moe_experts
         if spec.moe_shared_expert_intermediate_size:
             dense += 3 * h * spec.moe_shared_expert_intermediate_size / t + h
@@ -307,9 +308,14 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     world = nodes * gpus_per_node
     reasons: list[str] = []
     try:
-        spec.validate_layout(lay.tp, lay.pp, lay.ep, lay.vpp)
+        spec.validate_layout(lay.tp, lay.pp, lay.ep, lay.vpp,
+                             sequence_parallel=cfg.model.attention_backend == "te" and lay.tp > 1)
     except ValueError as e:
         reasons.append(str(e))
+    if spec.is_moe:
+        from megatron_maspo.model.moe import moe_plan_reasons
+
+        reasons += moe_plan_reasons(cfg, spec, lay.ep)
     if world % (lay.tp * lay.pp):
         reasons.append(f"world size {world} is not divisible by tp*pp = {lay.tp * lay.pp}")
         return Plan(layout=lay, world=world, dp=0, reasons=reasons)
