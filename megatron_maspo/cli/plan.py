@@ -93,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"model: {cfg.model.arch or cfg.model.source} ({spec.num_parameters() / 1e9:.2f} B parameters) on "
           f"{args.nodes} x {args.gpus_per_node} GPUs of {hw.gpu_mem_gb:.0f} GiB")
     print(f"assumptions: {dataclasses.asdict(hw)}")
+    if spec.is_moe:
+        from megatron_maspo.model.moe import moe_summary
+
+        print(moe_summary(cfg))
     print(format_plan(plan, "recipe layout: "))
     if plan.fits:
         return 0

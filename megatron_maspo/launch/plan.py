@@ -288,7 +288,8 @@ def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[
     dense, expert = attn + 2 * h, 0.0
     if spec.is_moe:
         assert spec.num_moe_experts and spec.moe_ffn_hidden_size
-        expert = spec.num_moe_experts * 3 * h * spec.moe_ffn_hidden_size / (lay.ep * t)
+        # experts are split over EP only: the trainer sets expert_tensor_parallel_size=1 (model/moe.py)
+        expert = spec.num_moe_experts * 3 * h * spec.moe_ffn_hidden_size / lay.ep
         dense += h * spec.num_moe_experts
         if spec.moe_shared_expert_intermediate_size:
             dense += 3 * h * spec.moe_shared_expert_intermediate_size / t + h
@@ -375,9 +376,14 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     world = nodes * gpus_per_node
     reasons: list[str] = []
     try:
-        spec.validate_layout(lay.tp, lay.pp, lay.ep, lay.vpp)
+        spec.validate_layout(lay.tp, lay.pp, lay.ep, lay.vpp,
+                             sequence_parallel=cfg.model.attention_backend == "te" and lay.tp > 1)
     except ValueError as e:
         reasons.append(str(e))
+    if spec.is_moe:
+        from megatron_maspo.model.moe import moe_plan_reasons
+
+        reasons += moe_plan_reasons(cfg, spec, lay.ep)
     if world % (lay.tp * lay.pp * lay.cp):
         what = "tp*pp" if lay.cp == 1 else "tp*pp*cp"
         reasons.append(f"world size {world} is not divisible by {what} = {lay.tp * lay.pp * lay.cp}")

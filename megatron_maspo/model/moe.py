@@ -82,6 +82,9 @@ def moe_transformer_kwargs(spec: Any, opts: Any) -> dict:
         moe_grouped_gemm=False,
         moe_shared_expert_intermediate_size=spec.moe_shared_expert_intermediate_size,
         moe_enable_routing_replay=opts.routing_replay,
+        # Experts are never split over TP (Megatron's default expert-TP = TP): HF<->Megatron conversion
+        # and weight sync shard experts over EP only (conversion/hf_to_megatron.py).
+        expert_tensor_parallel_size=1,
     )
     if opts.moe_dispatcher == "flex":
         kw["moe_flex_dispatcher_backend"] = "deepep"
@@ -128,3 +131,52 @@ def check_moe_cross_section(cfg: Any) -> None:
                          "recomputed forward of a micro-batch runs after later micro-batches were armed")
     if m.moe_dispatcher == "flex" and cfg.parallel.ep == 1:
         raise ValueError("model.moe_dispatcher='flex' needs parallel.ep > 1")
+
+
+def moe_plan_reasons(cfg: Any, spec: Any, ep: int) -> list[str]:
+    """Why the MoE settings in ``cfg`` cannot run ``spec`` at expert-parallel size ``ep`` on a GPU
+    cluster (``maspo plan``; the planning machine's own CUDA/DeepEP do not matter). Empty = fine.
+
+    The trainer reads the same fields (``moe_build_options``), so a plan that passes here builds.
+    """
+    m, out = cfg.model, []
+    if m.moe_dispatcher == "flex" and ep == 1:
+        out.append("model.moe_dispatcher='flex' needs ep > 1")
+    if m.moe_dispatcher == "allgather" and ep > 8:
+        out.append(f"model.moe_dispatcher='allgather' at ep={ep}: every EP rank gathers all {ep} ranks' "
+                   "tokens (activation memory and traffic grow with EP); use 'alltoall'")
+    if m.routing_replay != "off" and cfg.rollout.engine == "vllm":
+        out.append("model.routing_replay needs rollout.engine='builtin' (vLLM routed experts not wired)")
+    return out
+
+
+def moe_summary(cfg: Any) -> str:
+    """One line with the MoE settings the trainer will use (``maspo plan`` output)."""
+    m = cfg.model
+    parts = [f"dispatcher={m.moe_dispatcher}", f"load_balancing={m.moe_load_balancing}"]
+    if m.moe_aux_loss_coeff:
+        parts.append(f"aux_loss_coeff={m.moe_aux_loss_coeff:g}")
+    if m.moe_z_loss_coeff:
+        parts.append(f"z_loss_coeff={m.moe_z_loss_coeff:g}")
+    parts.append(f"router={'fp32' if (m.moe_router_fp32 or not m.bf16) else 'bf16'}")
+    parts.append(f"routing_replay={m.routing_replay}")
+    return "moe: " + " ".join(parts)
+
+
+def check_model_layout(cfg: Any, spec: Any) -> None:
+    """The run's layout and MoE settings against the architecture, once it is known (start-up).
+
+    Raises:
+        ConfigError: naming the ``parallel.*`` / ``model.*`` keys and the constraint.
+    """
+    from megatron_maspo.errors import ConfigError
+
+    p = cfg.parallel
+    sp = cfg.model.attention_backend == "te" and p.tp > 1
+    try:
+        spec.validate_layout(p.tp, p.pp, p.ep, p.vpp, sequence_parallel=sp)
+    except ValueError as e:
+        raise ConfigError(f"parallel.tp={p.tp} parallel.pp={p.pp} parallel.ep={p.ep}: {e}") from None
+    if cfg.model.routing_replay != "off" and not spec.is_moe:
+        raise ConfigError(f"model.routing_replay={cfg.model.routing_replay!r} needs an MoE model "
+                          f"({spec.family} is dense)")

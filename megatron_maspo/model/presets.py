@@ -113,6 +113,21 @@ def qwen3_30b_a3b() -> ArchSpec:
                     extra={"bos_token_id": 151643, "eos_token_id": 151645})
 
 
+def fine_grained_moe_16b() -> ArchSpec:
+    """A DeepSeek-MoE-style fine-grained-expert layout (16.9 B total, 2.6 B active): 64 small routed
+    experts (FFN 1408), top-6, plus 2 shared experts' worth of always-on FFN (2816), on a Qwen3-style
+    attention block (GQA 16/16 heads of 128, QK-norm) instead of MLA, and no leading dense layer, so the
+    local and TE Megatron specs build it. For planning the expert layout only: no HF family converts it
+    (qwen3_moe has no shared experts)."""
+    return ArchSpec(family="qwen3_moe", num_layers=28, hidden_size=2048, ffn_hidden_size=10944,
+                    num_attention_heads=16, num_query_groups=16, kv_channels=128, vocab_size=102400,
+                    max_position_embeddings=16384, rotary_base=10000.0, layernorm_epsilon=1e-6,
+                    qk_layernorm=True, tie_word_embeddings=False, num_moe_experts=64,
+                    moe_ffn_hidden_size=1408, moe_router_topk=6, moe_norm_topk_prob=False,
+                    moe_shared_expert_intermediate_size=2816,
+                    extra={"bos_token_id": 100000, "eos_token_id": 100001})
+
+
 def smollm2_135m() -> ArchSpec:
     """HuggingFaceTB/SmolLM2-135M (Llama family, 9 heads / 3 KV heads, tied embeddings)."""
     return ArchSpec(family="llama", num_layers=30, hidden_size=576, ffn_hidden_size=1536,
@@ -137,6 +152,11 @@ PRESETS: dict[str, Callable[[], ArchSpec]] = {
     "smollm2-135m": smollm2_135m,
 }
 
+PLANNING_LAYOUTS: dict[str, Callable[[], ArchSpec]] = {
+    "fine-grained-moe-16b": fine_grained_moe_16b,
+}
+"""Layouts that are no published checkpoint (no HF round trip): ``model.arch`` for ``maspo plan`` only."""
+
 
 def get_preset(name: str) -> ArchSpec:
     """A fresh :class:`ArchSpec` for preset ``name`` (case-insensitive).
@@ -145,6 +165,7 @@ def get_preset(name: str) -> ArchSpec:
         ValueError: unknown name, listing the accepted ones.
     """
     key = name.lower()
-    if key not in PRESETS:
-        raise ValueError(f"model.arch={name!r} is not a known preset; accepted: {sorted(PRESETS)}")
-    return PRESETS[key]()
+    known = {**PRESETS, **PLANNING_LAYOUTS}
+    if key not in known:
+        raise ValueError(f"model.arch={name!r} is not a known preset; accepted: {sorted(known)}")
+    return known[key]()

@@ -122,7 +122,7 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
     """Megatron ``TransformerConfig`` for ``spec`` under ``opts`` (after ``validate_layout``)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    spec.validate_layout(opts.tp, opts.pp, opts.ep, opts.vpp)
+    spec.validate_layout(opts.tp, opts.pp, opts.ep, opts.vpp, sequence_parallel=opts.sequence_parallel)
     on_gpu = torch.cuda.is_available()
     kw: dict = dict(
         num_layers=spec.num_layers,

@@ -97,8 +97,12 @@ class ArchSpec:
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + emb + h
 
-    def validate_layout(self, tp: int, pp: int, ep: int = 1, vpp: int | None = None) -> None:
-        """Raise ``ValueError`` naming the constraint if this model cannot be split this way."""
+    def validate_layout(self, tp: int, pp: int, ep: int = 1, vpp: int | None = None, *,
+                        sequence_parallel: bool = False) -> None:
+        """Raise ``ValueError`` naming the constraint if this model cannot be split this way.
+
+        ``sequence_parallel``: the run uses Megatron sequence parallelism (TE spec), which MoE needs
+        at TP > 1."""
         if self.num_attention_heads % tp:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not divisible by "
                              f"tensor_model_parallel_size={tp}")
@@ -120,9 +124,11 @@ class ArchSpec:
             if self.num_moe_experts % ep:
                 raise ValueError(f"num_moe_experts={self.num_moe_experts} is not divisible by "
                                  f"expert_model_parallel_size={ep}")
-            if tp > 1:
-                raise ValueError("MoE with tensor_model_parallel_size > 1 needs sequence parallelism, "
-                                 "which the local (non-TE) spec does not support; use TP=1 with EP")
+            if tp > 1 and not sequence_parallel:
+                raise ValueError("MoE with tensor_model_parallel_size > 1 needs sequence parallelism "
+                                 "(Megatron refuses MoE+TP training without it), which only the Transformer "
+                                 "Engine spec provides (model.attention_backend='te', GPU); the local spec "
+                                 "(CPU) runs MoE at TP=1 with EP")
         elif ep != 1:
             raise ValueError(f"expert_model_parallel_size={ep} given for a dense model")
 

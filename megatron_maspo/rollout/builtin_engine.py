@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from megatron_maspo.rollout.buckets import Bucket, unpack_bucket
+from megatron_maspo.rollout.fused_experts import fused_slot, pieces_per_fused
 from megatron_maspo.rollout.routing import RoutingRecorder
 from megatron_maspo.rollout.sampling import sample_tokens, scaled_logprobs
 from megatron_maspo.rollout.types import Completion, SamplingParams
@@ -80,7 +81,20 @@ class BuiltinEngine:
         self._restore()
         params = dict(self.model.named_parameters())
         seen: set[str] = set()
+        fused: dict[str, set] = {}  # transformers >= 5 fused experts: pieces delivered per parameter
         for name, t in weights:
+            slot = fused_slot(name, params) if name not in params else None
+            if slot is not None:
+                fname, idx = slot
+                dst = params[fname][idx]
+                if tuple(t.shape) != tuple(dst.shape) or name in fused.setdefault(fname, set()):
+                    raise ValueError(f"load_weights: {name!r} has shape {tuple(t.shape)} (expected "
+                                     f"{tuple(dst.shape)} in {fname!r}) or was delivered twice")
+                dst.copy_(t)
+                fused[fname].add(name)
+                if len(fused[fname]) == pieces_per_fused(fname, params[fname]):
+                    seen.add(fname)
+                continue
             if name not in params:
                 raise ValueError(f"load_weights: unexpected tensor {name!r} (not a parameter of "
                                  f"{type(self.model).__name__}; tied lm_head must not be sent)")

@@ -281,8 +281,8 @@ class MegatronActor:
         for name, which, needed in (("old_logprobs", "policy", policy),
                                     ("ref_logprobs", "reference", want_ref)):
             if needed:  # always: every PP stage must join the schedule, whatever the samples hold
-                for i, (lp, _) in self._logprobs_local(samples, plans, model=which,
-                                                       replay=which == "policy").items():
+                kw = {"replay": True} if which == "policy" and self.replay is not None else {}
+                for i, (lp, _) in self._logprobs_local(samples, plans, model=which, **kw).items():
                     setattr(samples[i], name, lp)
         self._at_old_policy = True
 

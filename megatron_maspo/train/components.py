@@ -46,6 +46,9 @@ def build_policy_source(cfg: MaspoConfig, groups) -> tuple[Any, ArchSpec, Any]:
                                 "with config.json")
     tok = AutoTokenizer.from_pretrained(str(src))
     spec = arch_spec_from_hf(str(src))
+    from megatron_maspo.model.moe import check_model_layout
+
+    check_model_layout(cfg, spec)  # e.g. MoE at TP > 1 without sequence parallelism: one-line error
     if cfg.model.megatron_checkpoint:
         init = partial(_load_megatron, path=cfg.model.megatron_checkpoint)
     else:

@@ -42,8 +42,8 @@ def routers(chunks: list) -> list:
 
 def router_entropy_sum(logits: torch.Tensor) -> torch.Tensor:
     """Σ over tokens of the entropy (nats) of ``softmax(logits)``; ``logits`` ``[T, E]`` -> scalar fp64."""
-    logp = torch.log_softmax(logits.detach().double(), dim=-1)
-    return -(logp.exp() * logp).sum()
+    logp = torch.log_softmax(logits.detach().float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1).double().sum()
 
 
 class RouterMonitor:
@@ -74,13 +74,18 @@ class RouterMonitor:
         router.routing = types.MethodType(routing, router)
 
     def record(self, layer_number: int, logits: torch.Tensor, routing_map: torch.Tensor) -> None:
-        """Add one forward of layer ``layer_number`` (1-based, global): ``logits``/``routing_map`` ``[T, E]``."""
+        """Add one forward of layer ``layer_number`` (1-based, global): ``logits``/``routing_map`` ``[T, E]``.
+
+        Accumulates on the logits' device (no host sync inside the forward); :meth:`collect` reads once.
+        """
+        if self.counts.device != logits.device:
+            self.counts, self.ent = self.counts.to(logits.device), self.ent.to(logits.device)
         i = layer_number - 1
-        self.counts[i] += routing_map.detach().sum(0).double().cpu()
+        self.counts[i] += routing_map.detach().sum(0).double()
         self.forwards[i] += 1
         self.tokens[i] += routing_map.shape[0]
-        self.ent += torch.stack([router_entropy_sum(logits).cpu(),
-                                 torch.tensor(float(logits.shape[0]), dtype=torch.float64)])
+        self.ent[0] += router_entropy_sum(logits)
+        self.ent[1] += logits.shape[0]
 
     def collect(self, tp: int) -> dict[str, float]:
         """World-reduced metrics of everything recorded since the last call; resets the state.
@@ -96,7 +101,8 @@ class RouterMonitor:
             losses[int(_LOSS_KEYS[n] == "moe/z_loss")] += tracker[n]["values"].detach().double().cpu()
             tracker[n]["values"].zero_()
         L, E = self.counts.shape
-        flat = torch.cat([self.counts.flatten(), self.ent, self.forwards, self.tokens, losses.flatten()])
+        flat = torch.cat([self.counts.flatten().cpu(), self.ent.cpu(), self.forwards, self.tokens,
+                          losses.flatten()])
         comm.all_reduce(flat)
         counts, rest = flat[:L * E].view(L, E) / tp, flat[L * E:]
         ent, fwd, tokens, loss = rest[:2] / tp, rest[2:2 + L], rest[2 + L:2 + 2 * L] / tp, rest[2 + 2 * L:]
