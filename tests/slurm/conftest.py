@@ -107,6 +107,10 @@ def scontrol_job(env: dict[str, str], job_id: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", r.stdout)) if r.returncode == 0 else {}
 
 
+# Pending reasons that no amount of waiting resolves (the request does not fit the cluster).
+NEVER = {"PartitionConfig", "PartitionNodeLimit", "BadConstraints", "PartitionTimeLimit"}
+
+
 def wait_done(env: dict[str, str], job_id: str, timeout: float) -> dict[str, str]:
     """Poll until the job is in a final state; cancels it and fails the test on timeout."""
     final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
@@ -115,9 +119,11 @@ def wait_done(env: dict[str, str], job_id: str, timeout: float) -> dict[str, str
         job = scontrol_job(env, job_id)
         if job.get("JobState") in final:
             return job
+        if job.get("JobState") == "PENDING" and job.get("Reason") in NEVER:
+            break
         time.sleep(2)
     subprocess.run(["scancel", job_id], env=env, check=False)
-    raise AssertionError(f"job {job_id} not done in {timeout} s: {scontrol_job(env, job_id)}")
+    raise AssertionError(f"job {job_id} not done (waited up to {timeout} s): {scontrol_job(env, job_id)}")
 
 
 def squeue_ids(env: dict[str, str]) -> list[str]:
