@@ -32,6 +32,25 @@ def _answers(env: dict[str, str]) -> bool:
     return r.returncode == 0 and any(s in r.stdout for s in ("idle", "alloc", "mix"))
 
 
+def _free_port_pair() -> int:
+    """A port p with p and p + 1 free on 127.0.0.1 (slurmctld, slurmd)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free port pair for slurmctld/slurmd")
+
+
 @pytest.fixture(scope="session")
 def slurm_env(tmp_path_factory) -> dict[str, str]:
     """Environment (``SLURM_CONF``) of a running one-node cluster."""
@@ -46,7 +65,9 @@ def slurm_env(tmp_path_factory) -> dict[str, str]:
         yield env
         return
     state = tmp_path_factory.mktemp("slurm")
-    env.update(SLURM_LOCAL_DIR=str(state), SLURM_CONF=str(state / "slurm.conf"))
+    # Own ports too: another local cluster (scripts/slurm_local.sh's defaults) may be running.
+    env.update(SLURM_LOCAL_DIR=str(state), SLURM_CONF=str(state / "slurm.conf"),
+               SLURM_LOCAL_PORT=str(_free_port_pair()))
     up = subprocess.run(["bash", str(SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=120)
     if up.returncode != 0:
         pytest.fail(f"scripts/slurm_local.sh up failed:\n{up.stdout}\n{up.stderr}")
@@ -86,6 +107,10 @@ def scontrol_job(env: dict[str, str], job_id: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", r.stdout)) if r.returncode == 0 else {}
 
 
+# Pending reasons that no amount of waiting resolves (the request does not fit the cluster).
+NEVER = {"PartitionConfig", "PartitionNodeLimit", "BadConstraints", "PartitionTimeLimit"}
+
+
 def wait_done(env: dict[str, str], job_id: str, timeout: float) -> dict[str, str]:
     """Poll until the job is in a final state; cancels it and fails the test on timeout."""
     final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
@@ -94,9 +119,11 @@ def wait_done(env: dict[str, str], job_id: str, timeout: float) -> dict[str, str
         job = scontrol_job(env, job_id)
         if job.get("JobState") in final:
             return job
+        if job.get("JobState") == "PENDING" and job.get("Reason") in NEVER:
+            break
         time.sleep(2)
     subprocess.run(["scancel", job_id], env=env, check=False)
-    raise AssertionError(f"job {job_id} not done in {timeout} s: {scontrol_job(env, job_id)}")
+    raise AssertionError(f"job {job_id} not done (waited up to {timeout} s): {scontrol_job(env, job_id)}")
 
 
 def squeue_ids(env: dict[str, str]) -> list[str]:
