@@ -71,6 +71,9 @@ def _check_resume_with_pending_batches(base: list[str], tmp_path: Path) -> list[
         assert r[f"rollout/tokens_stale_{lag}"] > 0
         assert sum(r[f"rollout/tokens_stale_{d}"] for d in range(3)) == r[f"rollout/tokens_stale_{lag}"]
     assert [_comparable(r) for r in ra] == [_comparable(r) for r in rc]
+    # mismatch/* only from fresh samples (step 1), offpolicy/* from stale ones (steps 2-4)
+    assert ["mismatch/kl_k3" in r for r in ra] == [True, False, False, False]
+    assert ["offpolicy/kl_k3" in r for r in ra] == [False, True, True, True]
     # Dropping the queue on resume would silently skip generated batches: a one-line error instead.
     d = _run("--resume", str(part), sets=["train.steps=5", "rollout.max_staleness=0"])
     assert d.returncode == 2 and "resume it with the same rollout.max_staleness" in d.stderr, d.stderr[-2000:]
