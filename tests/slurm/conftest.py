@@ -137,5 +137,5 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def comparable(rec: dict) -> dict:
-    # Wall-clock timings, memory figures and lifetime counters of the grader differ between processes.
-    return {k: v for k, v in rec.items() if not k.startswith(("time/", "memory/")) and not k.endswith("_total")}
+    # Wall-clock timings and rates, memory figures and lifetime counters of the grader differ between processes.
+    return {k: v for k, v in rec.items() if not k.startswith(("time/", "memory/")) and not k.endswith("_total") and "_per_s" not in k}
