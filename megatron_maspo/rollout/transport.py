@@ -9,8 +9,8 @@ flat bucket buffer, the worker unpickles and calls ``rebuild_fn(*args)`` to map 
           passes an fd, which only a multiprocessing connection can carry);
     CUDA  a CUDA-IPC handle of the buffer's allocation; the worker patches the device index to its own.
 
-Bucketed and double-buffered (:class:`BucketPool`): two buffers of the bucket size are allocated once per
-sync (in shared memory on CPU, on the GPU otherwise); the exporter packs bucket k+1 into one while the
+Bucketed and double-buffered (:class:`BucketPool`): two buffers of the bucket size (in shared memory on
+CPU, kept across syncs; on the GPU, allocated per sync so the memory is free while training); the exporter packs bucket k+1 into one while the
 engine's workers load bucket k from the other, and a buffer is reused only after its load returned
 (``Bucket.release``). The worker maps each buffer once (torch caches shm mappings by name) and copies
 tensors out before it returns, so the sender may overwrite the buffer afterwards.

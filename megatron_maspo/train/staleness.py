@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import torch
+
 from megatron_maspo.rollout.types import Completion
 from megatron_maspo.train.rollout_batch import PromptGroup
 from megatron_maspo.train.samples import Sample
@@ -114,8 +116,11 @@ def staleness_metrics(samples: list[Sample], version: int, max_staleness: int) -
 
 
 def _completion_to_dict(c: Completion, offset: int) -> dict:
+    # routed experts ([P+n-1, layers, k] ints, MoE routing replay) must survive too: a resumed run
+    # would otherwise train its queued batches without replay
+    re = None if c.routed_experts is None else c.routed_experts.tolist()
     return {"t": list(c.token_ids), "lp": [float(x) for x in c.logprobs], "f": c.finish_reason,
-            "v": int(c.policy_version) + offset}
+            "v": int(c.policy_version) + offset, "re": re}
 
 
 def _group_to_dict(g: PromptGroup, offset: int) -> dict:
@@ -126,7 +131,9 @@ def _group_to_dict(g: PromptGroup, offset: int) -> dict:
 
 def _group_from_dict(d: dict, offset: int) -> PromptGroup:
     comps = [Completion(token_ids=list(c["t"]), logprobs=list(c["lp"]), finish_reason=c["f"],
-                        policy_version=int(c["v"]) - offset) for c in d["c"]]
+                        policy_version=int(c["v"]) - offset,
+                        routed_experts=None if c.get("re") is None else torch.tensor(c["re"], dtype=torch.int16))
+             for c in d["c"]]
     return PromptGroup(prompt_index=int(d["i"]), prompt_ids=list(d["p"]), answer=d["a"],
                        completions_G=comps, rewards_G=list(d["r"]), correct_G=list(d["ok"]))
 

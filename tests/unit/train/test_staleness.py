@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from megatron_maspo.config import MaspoConfig, check_combinations, resolve_config
 from megatron_maspo.errors import ConfigError
@@ -70,6 +71,8 @@ def test_state_round_trips_exactly_and_rebases_engine_versions():
     q = StalenessQueue(2)
     b = _batch(5, version=4)
     b.kept.append(_group(99, 2))  # a kept group outside ``seen`` survives too
+    experts = torch.tensor([[[0, 3], [1, 2]], [[2, 3], [0, 1]], [[1, 3], [0, 2]]], dtype=torch.int16)
+    b.seen[1].completions_G[0].routed_experts = experts  # [P+n-1, layers, k] from the engine (MoE)
     q.push(b)
     q.push(_batch(6, version=5))
     state = q.state(engine_offset=3)  # engine versions v were trainer versions v + 3
@@ -87,6 +90,10 @@ def test_state_round_trips_exactly_and_rebases_engine_versions():
             assert cg.token_ids == cw.token_ids and cg.finish_reason == cw.finish_reason
             assert cg.logprobs == cw.logprobs  # bit-exact floats through JSON
             assert cg.policy_version + 5 == cw.policy_version + 3  # same absolute version
+            assert (cg.routed_experts is None) == (cw.routed_experts is None)
+            if cw.routed_experts is not None:
+                assert cg.routed_experts.dtype == cw.routed_experts.dtype
+                assert torch.equal(cg.routed_experts, cw.routed_experts)
     empty = StalenessQueue(2)
     empty.load_state(None, engine_offset=0)
     assert len(empty) == 0
