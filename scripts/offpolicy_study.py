@@ -191,22 +191,31 @@ def plots(results: dict, out: Path) -> list[Path]:
     return paths
 
 
-def write_doc(doc: Path, table: str, figs: list[Path], command: str) -> None:
-    """Replace the results block of ``doc`` (created if missing) with the table and plots."""
+def markers(block: str | None) -> tuple[str, str]:
+    """The begin/end comments of the main results block (None) or of a named one (e.g. an lr sweep)."""
+    if block is None:
+        return BEGIN, END
+    return f"<!-- offpolicy-study:{block}:begin -->", f"<!-- offpolicy-study:{block}:end -->"
+
+
+def write_doc(doc: Path, table: str, figs: list[Path], command: str, block: str | None = None) -> None:
+    """Replace the results block ``block`` of ``doc`` (created if missing) with the table and plots."""
+    begin, end = markers(block)
     fig_dir = doc.parent / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
     links = []
+    prefix = "offpolicy_" if block is None else f"offpolicy_{block}_"
     for f in figs:
-        dst = fig_dir / f"offpolicy_{f.name}"
+        dst = fig_dir / f"{prefix}{f.name}"
         shutil.copyfile(f, dst)
         links.append(f"![{f.stem}](figures/{dst.name})")
-    block = "\n".join([BEGIN, f"Produced by `{command}`.", "", table, "", *links, END])
-    text = doc.read_text() if doc.exists() else f"# Off-policy study\n\n{BEGIN}\n{END}\n"
-    if BEGIN not in text or END not in text:
-        text += f"\n{BEGIN}\n{END}\n"
-    pre, rest = text.split(BEGIN, 1)
-    post = rest.split(END, 1)[1]
-    doc.write_text(pre + block + post)
+    body = "\n".join([begin, f"Produced by `{command}`.", "", table, "", *links, end])
+    text = doc.read_text() if doc.exists() else f"# Off-policy study\n\n{begin}\n{end}\n"
+    if begin not in text or end not in text:
+        text += f"\n{begin}\n{end}\n"
+    pre, rest = text.split(begin, 1)
+    post = rest.split(end, 1)[1]
+    doc.write_text(pre + body + post)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=5, help="steps averaged at each end for the gain")
     ap.add_argument("--set", dest="extra", action="append", default=[], help="extra --set for every run")
     ap.add_argument("--doc", default=None, help="Markdown file whose results block to rewrite")
+    ap.add_argument("--block", default=None,
+                    help="name of another results block in --doc (e.g. lr-sweep); default: the main one")
     args = ap.parse_args(argv)
     for c in args.conditions:
         mb, _, k = c.partition(":")
@@ -238,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     figs = plots(results, out)
     if args.doc:
         write_doc(Path(args.doc), table, figs, "python scripts/offpolicy_study.py " + " ".join(
-            argv if argv is not None else sys.argv[1:]))
+            argv if argv is not None else sys.argv[1:]), args.block)
     return 0
 
 

@@ -54,6 +54,13 @@ def test_tables_and_doc_block_are_rewritten_in_place(study, tmp_path):
     text = doc.read_text()
     assert "old" not in text and "intro" in text and "analysis" in text and table in text
     assert "Produced by `python scripts/offpolicy_study.py --seeds 1 2`" in text
+    # A named block (an lr sweep) is added beside the main one and leaves it untouched.
+    study.write_doc(doc, "sweep table", [], "python scripts/offpolicy_study.py --block lr", block="lr")
+    text2 = doc.read_text()
+    begin, end = study.markers("lr")
+    assert table in text2 and text2.index(begin) < text2.index("sweep table") < text2.index(end)
+    study.write_doc(doc, "sweep table 2", [], "python scripts/offpolicy_study.py --block lr", block="lr")
+    assert "sweep table 2" in doc.read_text() and "sweep table\n" not in doc.read_text()
 
 
 def test_bad_condition_is_a_usage_error(study):
