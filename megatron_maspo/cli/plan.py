@@ -12,6 +12,7 @@ Formulas and assumptions: ``megatron_maspo/launch/plan.py``.
     maspo plan r1_distill_qwen_7b_maspo --nodes 4 --response-mean 2500 --response-max 8192      # measured lengths
     maspo plan r1_distill_qwen_7b_maspo --nodes 4 --set train.offload_optimizer=true          # host memory it needs
     maspo plan llama3_70b_maspo --nodes 16 --set parallel.cp=2 --set model.attention_backend=te  # CP: planned only
+    maspo plan llama3_70b_maspo --nodes 8 --controller-gb-s 0.8   # as a single-controller framework would run it
 
 Exit status: 0 when the layout fits, 1 when refused (after printing any suggestion), 2 on bad input.
 """
@@ -40,6 +41,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--decode-eff", type=float, default=0.45,
                    help="fraction of HBM bandwidth a decode step achieves, overheads included (default 0.45)")
     p.add_argument("--sync-gb-s", type=float, default=10.0, help="weight-sync bandwidth GB/s (default 10)")
+    p.add_argument("--controller-gb-s", type=float, default=None,
+                   help="plan a single-controller framework that ships each trainer call's padded batch to every "
+                        "tp*pp*cp rank, at this (de)serialisation rate in GB/s (default: none, as this trainer)")
     p.add_argument("--prompt-mean", type=float, default=None,
                    help="mean prompt tokens (default: half of data.max_prompt_tokens)")
     p.add_argument("--response-mean", type=float, default=None,
@@ -84,10 +88,13 @@ def run(args: argparse.Namespace) -> int:
     for name in ("prompt_mean", "response_mean", "response_max"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be > 0 tokens, got {getattr(args, name)}")
+    if args.controller_gb_s is not None and args.controller_gb_s <= 0:
+        raise ConfigError(f"--controller-gb-s must be > 0 GB/s, got {args.controller_gb_s}")
     hw = Assumptions(gpu_mem_gb=args.gpu_mem_gb, peak_tflops=args.peak_tflops, hbm_tb_s=args.hbm_tb_s,
                      mfu=args.mfu, moe_expert_mfu=args.moe_expert_mfu, decode_bw_eff=args.decode_eff,
                      sync_gb_s=args.sync_gb_s, prompt_mean=args.prompt_mean,
-                     response_mean=args.response_mean, response_max=args.response_max)
+                     response_mean=args.response_mean, response_max=args.response_max,
+                     controller_gb_s=args.controller_gb_s)
     spec = arch_of(cfg)
     plan = estimate(cfg, spec, layout_of(cfg), nodes=args.nodes, gpus_per_node=args.gpus_per_node, hw=hw)
     print(f"model: {cfg.model.arch or cfg.model.source} ({spec.num_parameters() / 1e9:.2f} B parameters) on "

@@ -59,6 +59,8 @@ none. Step time (seconds per rollout step) from FLOPs and bandwidth, with the ef
     sync        = sync_fixed_s + 2 P / sync bandwidth
     offload     = 2 * offloaded bytes / host_gb_s     out before generation, back before the update
     context parallelism adds its exposed ring K/V exchange to old-logprob and update (launch/plan_cp.py)
+    controller  = with Assumptions.controller_gb_s only: a single-controller framework's data shipping per
+                  log-prob and train call, added to old-logprob and update (launch/plan_dispatch.py)
 
 Response and prompt lengths default to fractions of their budgets; ``Assumptions.response_mean``,
 ``response_max`` and ``prompt_mean`` (``maspo plan --response-mean/--response-max/--prompt-mean``) set
@@ -81,6 +83,7 @@ from megatron_maspo.launch.plan_cp import (
     ring_exposed_seconds,
     ring_link_gb_s,
 )
+from megatron_maspo.launch.plan_dispatch import step_dispatch_seconds
 from megatron_maspo.launch.plan_memory import category_bytes, offloaded_bytes
 from megatron_maspo.launch.plan_rollout import EngineLoad, generation_seconds, moe_touched_fraction
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
@@ -132,6 +135,8 @@ class Assumptions:
     """Pinned host <-> GPU copy bandwidth per GPU for trainer offload (PCIe Gen5 x16, shared), GB/s."""
     p2p_latency_us: float = 20.0
     """Fixed cost of one ring hop (launch + synchronisation), microseconds."""
+    controller_gb_s: float | None = None
+    """A single controller's batch (de)serialisation rate, GB/s (launch/plan_dispatch.py); None: no controller."""
     reserve_gb: float = 3.0
     """CUDA context, NCCL buffers and allocator fragmentation, GiB."""
     engine_overhead_gb: float = 2.0
@@ -490,6 +495,11 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     old_lp = (fwd_s + ring_fwd) * (2 if has_ref else 1)
     update = fwd_s * (4 if lay.recompute == "full" else 3) + ring_fwd * (2 if lay.recompute == "full" else 1) \
         + ring_bwd
+    if hw.controller_gb_s:  # the batch, padded to its longest sequence, shipped to every tp*pp*cp rank
+        lp_d, up_d = step_dispatch_seconds(seqs=n_seqs, padded_len=min(seq_max, avg_prompt + tail),
+                                           replicas=lay.tp * lay.pp * lay.cp, reference=has_ref,
+                                           controller_gb_s=hw.controller_gb_s)
+        old_lp, update = old_lp + lp_d, update + up_d
     fleet = fleet_of(cfg, lay, world)  # the layout the trainer builds (rollout/fleet.py)
     engines = fleet.num_engines if fleet else 1
     per_engine = max(fleet.shard_sizes(tr.prompts_per_step)) * ro.group_size if fleet else n_seqs

@@ -7,6 +7,7 @@ layout, maximum length, mean response length and the measured seconds per phase;
 
     python -m megatron_maspo.launch.plan_calibration      # prints the tables of docs/planner-calibration.md
     python -m megatron_maspo.launch.plan_calibration --exponential-tail   # the rejected tail model
+    python -m megatron_maspo.launch.plan_calibration --controller-gb-s 0.8   # with NeMo-RL's data shipping
 """
 
 from __future__ import annotations
@@ -71,9 +72,9 @@ RUNS = (
                  ("model.arch=qwen3-32b", "parallel.tp=4", "parallel.pp=2", 
                   "rollout.vllm_tp=4", "rollout.max_new_tokens=3584", "train.max_tokens_per_micro_batch=4096"),
                  3283, _m(213, 68, 7, 96, 40)),
-    PublishedRun("Llama-3.3-70B, 128 GPUs, CP4, 16k", 16,
-                 ("model.arch=llama3.3-70b", "rollout.vllm_gpu_memory_utilization=0.6", "model.recompute=full", "parallel.tp=8", "parallel.pp=4",
-                  "parallel.cp=4", "model.attention_backend=te", 
+    PublishedRun("Llama-3.3-70B, 128 GPUs, CP4, 16k", 16,  # TP4 PP4, no recompute: NeMo-RL v0.3.0's 70B config
+                 ("model.arch=llama3.3-70b", "rollout.vllm_gpu_memory_utilization=0.6", "parallel.tp=4", "parallel.pp=4",
+                  "parallel.cp=4", "model.attention_backend=te",
                   "rollout.vllm_tp=4", "rollout.max_new_tokens=15872",
                   "train.max_tokens_per_micro_batch=16384"),
                  749, _m(445, 64, 17, 287, 75)),
@@ -102,11 +103,19 @@ as 4 optimizer steps of 512). It publishes the step time only, so only ``total``
 ratios are reported as they come out (docs/planner-calibration.md), not held to the band."""
 
 
-def planned(run: PublishedRun, exponential_tail: bool = False) -> dict[str, float]:
+MEASURED_CONTROLLER_GB_S = 0.8
+"""Controller (de)serialisation rate measured on the development machine (one AMD EPYC vCPU) by
+``python -m megatron_maspo.launch.plan_dispatch``: 0.69-0.81 GB/s over several runs. Used only for the
+comparison with NeMo-RL's single-controller data shipping (docs/planner-calibration.md), not in ``RUNS``."""
+
+
+def planned(run: PublishedRun, exponential_tail: bool = False,
+            controller_gb_s: float | None = None) -> dict[str, float]:
     """The planner's seconds per phase for ``run`` (the same path as ``maspo plan``).
 
     ``exponential_tail``: instead of the budget, take as tail the expected longest of each engine's
     responses were their lengths exponential with the published mean (the comparison in the docs).
+    ``controller_gb_s``: add a single controller's data shipping at this rate (launch/plan_dispatch.py).
     """
     from megatron_maspo.config import resolve_config
     from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
@@ -118,7 +127,8 @@ def planned(run: PublishedRun, exponential_tail: bool = False) -> dict[str, floa
     if exponential_tail:
         per_engine = -(-cfg.train.prompts_per_step * cfg.rollout.group_size // (world // cfg.rollout.vllm_tp))
         tail = exponential_expected_max(run.response_mean, per_engine)
-    hw = Assumptions(prompt_mean=PROMPT_MEAN, response_mean=run.response_mean, response_max=tail)
+    hw = Assumptions(prompt_mean=PROMPT_MEAN, response_mean=run.response_mean, response_max=tail,
+                     controller_gb_s=controller_gb_s)
     plan = estimate(cfg, arch_of(cfg), layout_of(cfg), nodes=run.nodes, gpus_per_node=8, hw=hw)
     assert plan.time is not None, plan.reasons
     t = plan.time
@@ -130,12 +140,13 @@ def _cell(got: float, measured: float | None) -> str:
     return f"{got:.0f}/-" if measured is None else f"{got:.0f}/{measured:.0f} ({got / measured:.2f})"
 
 
-def table(exponential_tail: bool = False, runs: tuple[PublishedRun, ...] = RUNS) -> str:
+def table(exponential_tail: bool = False, runs: tuple[PublishedRun, ...] = RUNS,
+          controller_gb_s: float | None = None) -> str:
     """Markdown: per run, planner seconds / measured seconds per phase (``-``: not published)."""
     head = "| run | " + " | ".join(f"{p} planned/measured s (ratio)" for p in PHASES) + " |"
     rows = [head, "|" + "---|" * (len(PHASES) + 1)]
     for run in runs:
-        got = planned(run, exponential_tail)
+        got = planned(run, exponential_tail, controller_gb_s)
         cells = [_cell(got[p], run.measured.get(p)) for p in PHASES]
         rows.append(f"| {run.name} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -144,7 +155,9 @@ def table(exponential_tail: bool = False, runs: tuple[PublishedRun, ...] = RUNS)
 if __name__ == "__main__":
     import sys
 
-    print(table(exponential_tail="--exponential-tail" in sys.argv[1:]))
-    if "--exponential-tail" not in sys.argv[1:]:
+    argv = sys.argv[1:]
+    gb_s = float(argv[argv.index("--controller-gb-s") + 1]) if "--controller-gb-s" in argv else None
+    print(table(exponential_tail="--exponential-tail" in argv, controller_gb_s=gb_s))
+    if "--exponential-tail" not in argv:
         print()
-        print(table(runs=HELD_OUT))
+        print(table(runs=HELD_OUT, controller_gb_s=gb_s))
