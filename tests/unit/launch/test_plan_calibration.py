@@ -10,14 +10,22 @@ from pathlib import Path
 import pytest
 
 from megatron_maspo.cli.main import main
-from megatron_maspo.launch.plan_calibration import HELD_OUT, PHASES, RUNS, planned, table
+from megatron_maspo.launch.plan_calibration import (
+    HELD_OUT,
+    MEASURED_CONTROLLER_GB_S,
+    PHASES,
+    RUNS,
+    PublishedRun,
+    planned,
+    table,
+)
 
 BAND = (0.67, 1.5)
 
-_CP_NOT_ENOUGH = ("CP4 is modelled (rows split over 4 ranks, exposed ring K/V exchange: +0.9 s log-prob, +1.7 s "
-                  "update) and attention is 0.8% of the FLOPs at 900-token sequences; the measured 64 s train / "
-                  "75 s log-prob for 1.8 M tokens on 128 GPUs are 2.6x / 6.0x the FLOP time at 0.35 MFU, a gap "
-                  "no physical CP or long-sequence term closes (docs/planner-calibration.md)")
+_CP_NOT_ENOUGH = ("the measured 64 s train / 75 s log-prob are 3.4x / 6.0x the FLOP time (CP ring included); "
+                  "NeMo-RL v0.3.0's controller ships the 16k-padded batch to all 64 tp*pp*cp ranks per call "
+                  "(launch/plan_dispatch.py), which closes both cells only at 1.2-2.8 GB/s of (de)serialisation, "
+                  "above the 0.7-0.8 GB/s measured here; not fitted (docs/planner-calibration.md)")
 KNOWN_OFF = {("Llama-3.3-70B, 128 GPUs, CP4, 16k", "update"): _CP_NOT_ENOUGH,
              ("Llama-3.3-70B, 128 GPUs, CP4, 16k", "old_logprob"): _CP_NOT_ENOUGH}
 
@@ -66,8 +74,37 @@ def test_docs_tables_are_what_the_planner_prints_now():
     doc = (Path(__file__).resolve().parents[3] / "docs" / "planner-calibration.md").read_text()
     assert table() in doc
     assert table(runs=HELD_OUT) in doc
+    assert table(controller_gb_s=MEASURED_CONTROLLER_GB_S) in doc  # the "Out of band" comparison
 
 
 def test_the_cp_run_is_planned_with_context_parallelism():
     run = next(r for r in RUNS if "CP4" in r.name)
     assert "parallel.cp=4" in run.sets and "model.attention_backend=te" in run.sets
+    assert "parallel.tp=4" in run.sets and "parallel.pp=4" in run.sets  # NeMo-RL v0.3.0's 70B layout
+
+
+def _window(run: PublishedRun, phase: str) -> tuple[float, float]:
+    """Controller rates (GB/s) that put ``phase`` of ``run`` inside the band; the dispatch term is
+    bytes / rate, so the planned seconds are base + (seconds at 1 GB/s) / rate."""
+    base = planned(run)[phase]
+    per = planned(run, controller_gb_s=1.0)[phase] - base
+    m = run.measured[phase]
+    return per / (BAND[1] * m - base), per / (BAND[0] * m - base)
+
+
+def test_controller_dispatch_closes_the_16k_cells_only_above_the_rate_measured_here():
+    """NeMo-RL's single-controller data shipping (launch/plan_dispatch.py) is what separates the 16k run
+    from its FLOP time, but at the (de)serialisation rate measured on our machine it over-shoots both
+    cells; the rates that put both in band are 1.5x-3.5x that. The other rows stay in band either way, so
+    the term is consistent with them; it is not turned on in ``RUNS`` (docs/planner-calibration.md)."""
+    run = next(r for r in RUNS if "16k" in r.name)
+    lo = max(_window(run, "update")[0], _window(run, "old_logprob")[0])
+    hi = min(_window(run, "update")[1], _window(run, "old_logprob")[1])
+    assert MEASURED_CONTROLLER_GB_S < lo < hi
+    assert (round(lo, 1), round(hi, 1)) == (1.2, 2.8)
+    at_measured = planned(run, controller_gb_s=MEASURED_CONTROLLER_GB_S)
+    assert at_measured["update"] / 64 > BAND[1] and at_measured["old_logprob"] / 75 > BAND[1]
+    for other in (r for r in RUNS if r is not run):
+        got = planned(other, controller_gb_s=MEASURED_CONTROLLER_GB_S)
+        for phase in PHASES:
+            assert BAND[0] <= got[phase] / other.measured[phase] <= BAND[1], (other.name, phase)
