@@ -150,7 +150,8 @@ class Trainer:
         self.order = PromptOrder(len(self.examples), cfg.train.seed, state.get("epoch", 0),
                                  state.get("cursor", 0))
         self.sft_done = bool(state.get("sft_done", False))
-        self.reward_totals: dict[str, int] = {}
+        # Grader outcome counts since the run began (reward/<status>_total): carried by checkpoints.
+        self.reward_totals: dict[str, int] = {k: int(v) for k, v in state.get("reward_totals", {}).items()}
         self.pending = None  # bounded-staleness queue (train/staleness.py); None = synchronous loop
         if cfg.rollout.max_staleness > 0:
             self.pending = StalenessQueue(cfg.rollout.max_staleness)
@@ -255,7 +256,8 @@ class Trainer:
         """Collective checkpoint of model, optimizer, RNG and data position at ``self.step``."""
         from megatron_maspo.train.checkpoint import save_checkpoint
 
-        state = {"step": self.step, "sft_done": self.sft_done, **self.order.state()}
+        state = {"step": self.step, "sft_done": self.sft_done, "reward_totals": dict(self.reward_totals),
+                 **self.order.state()}
         if self.pending is not None:
             state["rollout_queue"] = self.pending.state(self._engine_version_offset)
         path = save_checkpoint(self.actor, self.run_dir / CHECKPOINT_SUBDIR, self.step,
