@@ -31,6 +31,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _docblock import write_block  # noqa: E402
+
 METHODS = {
     "grpo": ["loss.method=grpo"],
     "clip_higher": ["loss.method=clip_higher"],
@@ -201,21 +204,8 @@ def markers(block: str | None) -> tuple[str, str]:
 def write_doc(doc: Path, table: str, figs: list[Path], command: str, block: str | None = None) -> None:
     """Replace the results block ``block`` of ``doc`` (created if missing) with the table and plots."""
     begin, end = markers(block)
-    fig_dir = doc.parent / "figures"
-    fig_dir.mkdir(parents=True, exist_ok=True)
-    links = []
     prefix = "offpolicy_" if block is None else f"offpolicy_{block}_"
-    for f in figs:
-        dst = fig_dir / f"{prefix}{f.name}"
-        shutil.copyfile(f, dst)
-        links.append(f"![{f.stem}](figures/{dst.name})")
-    body = "\n".join([begin, f"Produced by `{command}`.", "", table, "", *links, end])
-    text = doc.read_text() if doc.exists() else f"# Off-policy study\n\n{begin}\n{end}\n"
-    if begin not in text or end not in text:
-        text += f"\n{begin}\n{end}\n"
-    pre, rest = text.split(begin, 1)
-    post = rest.split(end, 1)[1]
-    doc.write_text(pre + body + post)
+    write_block(doc, begin, end, f"Produced by `{command}`.\n\n{table}", figs, prefix, "Off-policy study")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,10 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import statistics
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _docblock import write_block  # noqa: E402
 
 BEGIN, END = "<!-- smollm2-report:begin -->", "<!-- smollm2-report:end -->"
 _NAME = re.compile(r"(?P<method>[a-z_]+)_seed(?P<seed>\d+)$")
@@ -62,6 +64,7 @@ def summarize(run_dir: Path) -> dict:
         "gate_w_lt_0p9": _mean([r.get("gate/w_lt_0.9_frac", 0.0) for r in train]),
         "clip_frac": _mean(clip),
         "step_s": _mean([r["time/step"] for r in train]),
+        "minutes": (sum(r["time/step"] for r in train) + sum(e.get("eval/seconds", 0.0) for e in evals)) / 60,
     }
 
 
@@ -74,8 +77,8 @@ def table(runs: list[dict], window: int = 3) -> str:
     k = runs[0]["k"]
     head = (f"| method | seed | held-out avg@{k} before → after | pass@{k} before → after | "
             f"train reward first {window} → last {window} | entropy first → last | mean length first → last | "
-            "gate w<0.9 | clip frac | trainer/engine KL (k3) | max abs logprob diff | s / step |")
-    lines = [head, "|" + "---|" * 12]
+            "gate w<0.9 | clip frac | trainer/engine KL (k3) | max abs logprob diff | s / step | min (steps + evals) |")
+    lines = [head, "|" + "---|" * 13]
     for r in sorted(runs, key=lambda r: (r["method"], r["seed"])):
         rw, n = r["reward"], min(window, len(r["reward"]))
         lines.append(
@@ -83,7 +86,7 @@ def table(runs: list[dict], window: int = 3) -> str:
             f"{_pp(r['pass_before'])} → {_pp(r['pass_after'])} | {_mean(rw[:n]):+.3f} → {_mean(rw[-n:]):+.3f} | "
             f"{r['entropy'][0]:.3f} → {r['entropy'][-1]:.3f} | {r['length'][0]:.1f} → {r['length'][-1]:.1f} | "
             f"{100 * r['gate_w_lt_0p9']:.2f}% | {100 * r['clip_frac']:.2f}% | {r['mismatch_kl']:.1e} | "
-            f"{r['mismatch_max']:.1e} | {r['step_s']:.0f} |")
+            f"{r['mismatch_max']:.1e} | {r['step_s']:.0f} | {r['minutes']:.1f} |")
     lines += ["", f"| method | seeds | held-out avg@{k} before → after (mean) | change (per seed) |", "|---|---|---|---|"]
     for method in sorted({r["method"] for r in runs}):
         rs = [r for r in runs if r["method"] == method and r["avg_after"] is not None]
@@ -122,18 +125,8 @@ def plot(runs: list[dict], out: Path) -> Path | None:
 
 def write_doc(doc: Path, text_table: str, fig: Path | None, command: str) -> None:
     """Replace the results block of ``doc`` (appended if missing) with the table and the plot."""
-    links = []
-    if fig is not None:
-        (doc.parent / "figures").mkdir(parents=True, exist_ok=True)
-        dst = doc.parent / "figures" / f"smollm2_{fig.name}"
-        shutil.copyfile(fig, dst)
-        links.append(f"![curves](figures/{dst.name})")
-    body = "\n".join([BEGIN, f"Produced by `{command}`.", "", text_table, "", *links, END])
-    text = doc.read_text() if doc.exists() else f"# SmolLM2 on CPU\n\n{BEGIN}\n{END}\n"
-    if BEGIN not in text or END not in text:
-        text += f"\n{BEGIN}\n{END}\n"
-    pre, rest = text.split(BEGIN, 1)
-    doc.write_text(pre + body + rest.split(END, 1)[1])
+    write_block(doc, BEGIN, END, f"Produced by `{command}`.\n\n{text_table}", [fig] if fig else [], "smollm2_",
+                "SmolLM2 on CPU")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,21 +3,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "offpolicy_study.py"
-
-
-@pytest.fixture(scope="module")
-def study():
-    spec = importlib.util.spec_from_file_location("offpolicy_study", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _run_dir(tmp_path: Path, name: str, rewards: list[float], entropy: list[float], gate: float) -> Path:

@@ -3,21 +3,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "smollm2_report.py"
-
-
-@pytest.fixture(scope="module")
-def report():
-    spec = importlib.util.spec_from_file_location("smollm2_report", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _run(tmp_path: Path, name: str, before: float, after: float | None, rewards: list[float]) -> Path:
