@@ -129,10 +129,16 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
     loaded = dist_checkpointing.load(state, str(path))
     load_model_state(actor.named_modules_unwrapped(), loaded)
     if load_optimizer:
+        # Megatron's param groups carry their own max_lr / min_lr, which the scheduler reads before its
+        # own; the optimizer state would bring back the checkpoint's. Keep this run's (the config's).
+        limits = [(g.get("max_lr"), g.get("min_lr")) for g in actor.optimizer.param_groups]
         with spoof_tensor_type():
             actor.optimizer.load_state_dict(loaded["optimizer"])
         _fix_dist_optimizer_after_load(actor.optimizer)
-        actor.scheduler.load_state_dict(loaded["scheduler"])
+        for g, (max_lr, min_lr) in zip(actor.optimizer.param_groups, limits, strict=True):
+            if max_lr is not None:
+                g["max_lr"], g["min_lr"] = max_lr, min_lr
+        _load_scheduler(actor.scheduler, loaded["scheduler"])
     actor.steps_done = int(loaded["steps_done"])
     rng = path / "rng" / f"rank{dist.get_rank()}.pt"
     if int(loaded["world_size"]) == dist.get_world_size() and rng.exists():
@@ -141,3 +147,25 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
         logger.info("checkpoint world size %s != %s: RNG state not restored", loaded["world_size"],
                     dist.get_world_size())
     return dict(loaded["data_state"])
+
+
+def scheduler_changes(config_sd: dict, checkpoint_sd: dict) -> dict[str, tuple]:
+    """``{name: (checkpoint value, config value)}`` for every schedule setting that differs (the step
+    count ``num_steps`` is progress, not a setting, and is left out)."""
+    return {k: (checkpoint_sd[k], v) for k, v in config_sd.items()
+            if k != "num_steps" and k in checkpoint_sd and checkpoint_sd[k] != v}
+
+
+def _load_scheduler(scheduler: Any, checkpoint_sd: dict) -> None:
+    """Restore the schedule's progress; its settings come from this run's config.
+
+    Megatron's scheduler keeps the checkpoint's lr, warmup and decay horizon by default, so a resume
+    with ``--set optim.lr=...`` (or a longer ``train.steps``) would silently train at the old values.
+    The config wins instead, and each changed setting is logged.
+    """
+    changed = scheduler_changes(scheduler.state_dict(), checkpoint_sd)
+    if changed:
+        logger.warning("resuming with the config's learning-rate schedule, not the checkpoint's: %s",
+                       ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
+    scheduler.override_opt_param_scheduler, scheduler.use_checkpoint_opt_param_scheduler = True, False
+    scheduler.load_state_dict(checkpoint_sd)

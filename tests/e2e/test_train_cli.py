@@ -91,6 +91,11 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     assert "avg@2" in ev.stdout and "pass@2" in ev.stdout
     report = json.loads((tmp_path / "eval.json").read_text())
     assert report["k"] == 2 and len(report["num_correct"]["synthetic_redraw"]) == 4
+    # A resume with a new learning rate trains at it (Megatron would keep the checkpoint's) and says so.
+    d = _run("--resume", str(part), sets=["train.steps=5", "optim.lr=1e-4"])
+    assert d.returncode == 0, d.stderr[-3000:]
+    assert "max_lr 0.0003 -> 0.0001" in d.stderr
+    assert [r["actor/lr"] for r in _metrics(part) if "actor/lr" in r] == [3e-4] * 4 + [1e-4]
 
 
 def _wait_for_steps(run_dir: Path, n: int, proc: subprocess.Popen, timeout: float) -> None:
