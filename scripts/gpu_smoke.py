@@ -5,7 +5,11 @@
     python scripts/gpu_smoke.py make-hf OUT             a tiny random Qwen2 HF folder (fp32) to convert
     python scripts/gpu_smoke.py check-train RUN --steps N [--cpu]
                                                         metrics.jsonl of a smoke training run: N steps,
-                                                        finite losses, memory/* for every phase
+                                                        finite loss and non-zero grad norm every step,
+                                                        memory/* for every phase
+    python scripts/gpu_smoke.py check-verify LOG --tol T
+                                                        the ``verify:`` figure of a convert --verify log
+                                                        is at most T
     python scripts/gpu_smoke.py logprobs [--cpu]        vocab-parallel log-probs + entropy (logits given
                                                         and from hidden) vs a naive full log-softmax in
                                                         the same run: max error, time and peak-memory ratios
@@ -90,6 +94,10 @@ def cmd_check_train(a: argparse.Namespace) -> int:
         loss = r.get("actor/loss")
         if loss is None or not math.isfinite(loss):
             problems.append(f"step {r.get('step')}: actor/loss={loss}")
+        gnorm = r.get("actor/grad_norm")
+        # zero advantages (every reward of a group equal) give a zero gradient: nothing was trained
+        if gnorm is None or not math.isfinite(gnorm) or gnorm <= 0:
+            problems.append(f"step {r.get('step')}: actor/grad_norm={gnorm}")
         missing = [f"{p}_{k}" for p in PHASES for k in kinds if f"memory/{p}_{k}_gb" not in r]
         if missing:
             problems.append(f"step {r.get('step')}: no memory/{missing[0]}_gb (+{len(missing) - 1})")
@@ -99,9 +107,22 @@ def cmd_check_train(a: argparse.Namespace) -> int:
     figs = " ".join(f"{p}={last.get(f'memory/{p}_{mem}_gb', float('nan')):.2f}" for p in PHASES)
     print(f"SMOKE train: steps={len(recs)} step_s(median)={step_s:.2f} "
           f"reward={last.get('reward/mean', float('nan')):.3f} loss={last.get('actor/loss', float('nan')):.4f} "
+          f"gnorm(min)={min((r.get('actor/grad_norm') or 0.0) for r in recs) if recs else 0.0:.3g} "
           f"offloaded_gb={last.get('memory/offloaded_gb', 0.0):.3f} {mem}_gb[{figs}]"
           + ("" if not problems else " PROBLEMS: " + "; ".join(problems[:3])))
     return 0 if not problems else 1
+
+
+def cmd_check_verify(a: argparse.Namespace) -> int:
+    """The ``verify: max relative logits error E`` line of a conversion log, held to ``--tol``."""
+    lines = [x for x in Path(a.log).read_text().splitlines() if x.startswith("verify: ")]
+    if not lines:
+        print(f"SMOKE verify: no 'verify:' line in {a.log}")
+        return 1
+    err = float(lines[-1].split()[-1])
+    ok = math.isfinite(err) and err <= a.tol
+    print(f"SMOKE verify: max_rel_logits_err={err:.2e} tol={a.tol:.0e} {'ok' if ok else 'ABOVE TOLERANCE'}")
+    return 0 if ok else 1
 
 
 def _timed(fn, dev: torch.device, reps: int) -> tuple[float, float, object]:
@@ -179,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("run")
     s.add_argument("--steps", type=int, required=True)
     s.add_argument("--cpu", action="store_true")
+    s = sub.add_parser("check-verify")
+    s.add_argument("log")
+    s.add_argument("--tol", type=float, required=True)
     s = sub.add_parser("logprobs")
     s.add_argument("--cpu", action="store_true")
     s.add_argument("--tokens", type=int, default=8192)
@@ -187,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--reps", type=int, default=3)
     a = p.parse_args(argv)
     return {"nccl": cmd_nccl, "make-hf": cmd_make_hf, "check-train": cmd_check_train,
-            "logprobs": cmd_logprobs}[a.cmd](a)
+            "check-verify": cmd_check_verify, "logprobs": cmd_logprobs}[a.cmd](a)
 
 
 if __name__ == "__main__":

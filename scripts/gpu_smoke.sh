@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
-# One-GPU smoke test of the cluster path (at most ~8 minutes on one H200, no network needed).
+# One-GPU smoke test of the cluster path, sized for the lent machine's window: the part timeouts add up
+# to 360 s (`--list`), so a run plus a rerun fit 15 minutes of device time with the machine's start.
 #
-# Parts (each fails loudly, is timed out on its own, and the next part runs anyway):
+# Parts (each fails loudly, is killed at its own timeout, and the next part runs anyway):
 #   install      wheels from scripts/wheels/ into a private site dir (megatron-core, math-verify, ...)
 #   nccl         a 1-rank NCCL group: a CUDA all-reduce works, a CPU tensor is refused loudly
-#   train        `maspo train --recipe tiny` for 3 steps in bf16, built-in engine on CUDA, training
-#                state offloaded during generation; checks metrics.jsonl (finite loss, memory/* per phase)
-#   convert_h2m  `maspo convert hf-to-megatron --verify` of a tiny Qwen2 on CUDA
-#   convert_m2h  `maspo convert megatron-to-hf --verify` of that checkpoint back to HF on CUDA
-#   logprobs     vocab-parallel log-probs + entropy (logits given / from hidden) vs a naive full
-#                log-softmax on CUDA: error, time and peak-memory ratios measured in the same run
+#   train        `maspo train --recipe tiny` in bf16 after a 60-step SFT warm start (so rewards differ
+#                within groups), built-in engine on CUDA, training state offloaded during generation;
+#                checks metrics.jsonl: finite loss and non-zero grad norm every step, memory/* per phase
+#   convert_h2m  `maspo convert hf-to-megatron --verify` of a tiny Qwen2 on CUDA (error <= tolerance)
+#   convert_m2h  `maspo convert megatron-to-hf --verify` of that checkpoint back to HF (error <= tolerance)
+#   logprobs     vocab-parallel log-probs + entropy vs a naive full log-softmax: error, time, memory
+#   lp_bf16      the same kernels on bf16 inputs vs float64 of the same inputs (tolerance)
+#   ipc          buckets of a real model through rollout/transport.py (CUDA IPC; shared memory on CPU)
+#                into a spawned built-in engine process: bitwise check of every parameter, GB/s
+#   sleep        engine sleep/wake + trainer offload/reload (train/offload.py): bit-exact, memory per phase
+#   mismatch     trainer (Megatron) vs engine (transformers) log-probs of the same sampled tokens (tolerance)
+#   varlen       a varlen attention backend vs packed_sdpa, when this checkout has one ("not available" else)
 # and prints one summary table (PASS/FAIL per part, with its figures). Exit status: failed parts.
 #
 # Usage:
-#   bash scripts/gpu_smoke.sh                 # on the GPU machine
-#   bash scripts/gpu_smoke.sh --cpu           # rehearsal: the same entry points on CPU (gloo, fp32,
-#                                             # small shapes); a few minutes on 2 cores
+#   bash scripts/gpu_smoke.sh                 # on the GPU machine: every part
+#   bash scripts/gpu_smoke.sh --only ipc,sleep  # a subset (names from --list)
+#   bash scripts/gpu_smoke.sh --list          # NAME SECONDS per part (SECONDS = its enforced timeout)
+#   bash scripts/gpu_smoke.sh --cpu           # rehearsal: the same entry points on CPU (gloo, fp32 where
+#                                             # the GPU run uses bf16, small shapes); timeouts x5
 #   bash scripts/gpu_smoke.sh --dry-run       # print what would run
 #   bash scripts/gpu_smoke.sh --fetch-wheels  # on a machine WITH network: fill scripts/wheels/
 #
@@ -36,10 +45,21 @@ WHEELS="$REPO/scripts/wheels"
 PY="${PYTHON:-python3}"
 MODE=gpu
 DRY=0
-for arg in "$@"; do
+LIST=0
+ONLY=""
+# Part timeouts in seconds on the GPU (the --cpu rehearsal multiplies them by SMOKE_TIMEOUT_SCALE).
+# Keep the sum <= 360: tests/unit/scripts/test_gpu_smoke.py checks it.
+PARTS=(install:30 nccl:20 train:90 convert_h2m:35 convert_m2h:25 logprobs:35 lp_bf16:20 ipc:30 sleep:25
+       mismatch:30 varlen:20)
+while [ $# -gt 0 ]; do
+  arg="$1"; shift
   case "$arg" in
     --cpu) MODE=cpu ;;
     --dry-run) DRY=1 ;;
+    --list) LIST=1 ;;
+    --only) [ $# -gt 0 ] || { echo "--only needs NAME[,NAME] (see --list)" >&2; exit 2; }
+            ONLY="$1"; shift ;;
+    --only=*) ONLY="${arg#--only=}" ;;
     --fetch-wheels)
       set -e
       mkdir -p "$WHEELS"
@@ -50,10 +70,27 @@ for arg in "$@"; do
       "$PY" -m pip wheel --no-deps --no-build-isolation -w "$WHEELS" "$REPO"
       ls -l "$WHEELS"
       exit 0 ;;
-    -h|--help) sed -n '2,32p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) sed -n '2,39p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
 done
+
+declare -A LIMIT
+for p in "${PARTS[@]}"; do LIMIT[${p%%:*}]=${p##*:}; done
+if [ "$LIST" = 1 ]; then
+  total=0
+  for p in "${PARTS[@]}"; do echo "${p%%:*} ${p##*:}"; total=$((total + ${p##*:})); done
+  echo "total $total"
+  exit 0
+fi
+if [ -n "$ONLY" ]; then
+  IFS=, read -ra WANT <<<"$ONLY"
+  for w in "${WANT[@]}"; do
+    [ -n "${LIMIT[$w]:-}" ] || { echo "--only: unknown part '$w'; parts: ${!LIMIT[*]}" >&2; exit 2; }
+  done
+fi
+# selected NAME: is the part in --only (or is there no --only)?
+selected() { [ -z "$ONLY" ] && return 0; local w; for w in "${WANT[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
 
 if [ "$DRY" = 1 ]; then
   WORK="${SMOKE_DIR:-${TMPDIR:-/tmp}/maspo_smoke.DRYRUN}"
@@ -70,14 +107,15 @@ if [ "$MODE" = cpu ]; then
   TIMEOUT_SCALE="${SMOKE_TIMEOUT_SCALE:-5}"   # shared 2-core boxes are slow to import and spawn
 else
   CPU_FLAG=; BF16=true; STEPS=3
-  TIMEOUT_SCALE="${SMOKE_TIMEOUT_SCALE:-1}"   # the part limits add up to 8 minutes
+  TIMEOUT_SCALE="${SMOKE_TIMEOUT_SCALE:-1}"   # the part limits add up to 6 minutes
 fi
 
 NAMES=(); STATUS=(); SECS=(); FIGS=()
 
-# run_part NAME TIMEOUT_S CMD...: run with a timeout, log to $WORK/NAME.log, keep the SMOKE line.
+# run_part NAME CMD...: run with the part's timeout, log to $WORK/NAME.log, keep its SMOKE line.
 run_part() {
-  local name="$1" limit=$(($2 * TIMEOUT_SCALE)); shift 2
+  local name="$1" limit=$((${LIMIT[$1]} * TIMEOUT_SCALE)); shift 1
+  selected "$name" || return 0
   NAMES+=("$name")
   if [ "$DRY" = 1 ]; then
     echo "[$name] (timeout ${limit}s) $*"; STATUS+=("DRY"); SECS+=(0); FIGS+=(""); return 0
@@ -88,7 +126,7 @@ run_part() {
   rc=$?
   SECS+=($((SECONDS - t0)))
   local fig
-  fig="$(grep -h '^SMOKE \|^verify: \|^wrote ' "$WORK/$name.log" | tail -n 2 | tr '\n' ' ')"
+  fig="$(grep -h '^SMOKE ' "$WORK/$name.log" | tail -n 1 | cut -c7-220)"   # one line per part: one screen
   if [ "$rc" = 0 ]; then
     STATUS+=("PASS")
   else
@@ -126,24 +164,36 @@ SMOKE="$REPO/scripts/gpu_smoke.py"
 
 export PY WHEELS SITE
 export -f install_wheels
-run_part install 60 bash -c install_wheels
-run_part nccl 45 "$PY" "$SMOKE" nccl $CPU_FLAG
-run_part train 180 bash -c "\"$PY\" -m megatron_maspo.cli.main train --recipe tiny \
-  --set model.bf16=$BF16 --set train.steps=$STEPS --set train.sft_steps=2 --set train.prompts_per_step=8 \
+PARTS_PY="$REPO/scripts/gpu_smoke_parts.py"
+run_part install bash -c install_wheels
+run_part nccl "$PY" "$SMOKE" nccl $CPU_FLAG
+# 60 SFT steps: the tiny model then solves some sums, so rewards differ inside groups and every RL step
+# has non-zero advantages (with 2 SFT steps every reward was -1: zero advantages, zero gradients).
+run_part train bash -c "\"$PY\" -m megatron_maspo.cli.main train --recipe tiny \
+  --set model.bf16=$BF16 --set train.steps=$STEPS --set train.sft_steps=60 --set train.prompts_per_step=8 \
   --set train.mini_batches_per_step=2 --set rollout.group_size=4 --set checkpoint.save_every=0 \
   --set checkpoint.run_dir=$WORK/train --set logging.tensorboard=false --set logging.plots=false \
   --set logging.progress=false --set reward.num_workers=1 --set train.offload_params=true \
   --set train.offload_grads=true --set train.offload_optimizer=true \
   && \"$PY\" \"$SMOKE\" check-train $WORK/train --steps $STEPS $CPU_FLAG"
-run_part convert_h2m 75 bash -c "\"$PY\" \"$SMOKE\" make-hf $WORK/hf && \"$PY\" -m megatron_maspo.cli.main \
-  convert hf-to-megatron --hf $WORK/hf --out $WORK/mcore --verify"
-run_part convert_m2h 60 "$PY" -m megatron_maspo.cli.main convert megatron-to-hf --ckpt "$WORK/mcore" \
-  --out "$WORK/hf_back" --verify
-run_part logprobs 60 "$PY" "$SMOKE" logprobs $CPU_FLAG
+# Conversion tolerances: fp32 folders, so the logits must agree to float rounding (the --cpu run and
+# the GPU run both convert fp32; TF32 is off in torch by default for matmuls).
+run_part convert_h2m bash -c "\"$PY\" \"$SMOKE\" make-hf $WORK/hf && \"$PY\" -m megatron_maspo.cli.main \
+  convert hf-to-megatron --hf $WORK/hf --out $WORK/mcore --verify 2>&1 | tee $WORK/h2m.out \
+  && \"$PY\" \"$SMOKE\" check-verify $WORK/h2m.out --tol 1e-4"
+run_part convert_m2h bash -c "\"$PY\" -m megatron_maspo.cli.main convert megatron-to-hf --ckpt $WORK/mcore \
+  --out $WORK/hf_back --verify 2>&1 | tee $WORK/m2h.out && \"$PY\" \"$SMOKE\" check-verify $WORK/m2h.out --tol 1e-4"
+run_part logprobs "$PY" "$SMOKE" logprobs $CPU_FLAG
+run_part lp_bf16 "$PY" "$PARTS_PY" lp_bf16 $CPU_FLAG
+run_part ipc "$PY" "$PARTS_PY" ipc $CPU_FLAG
+run_part sleep "$PY" "$PARTS_PY" sleep $CPU_FLAG
+run_part mismatch "$PY" "$PARTS_PY" mismatch $CPU_FLAG
+run_part varlen "$PY" "$PARTS_PY" varlen $CPU_FLAG
 
 echo
 echo "gpu_smoke summary ($MODE mode; logs in $WORK)"
 printf '%-12s %-5s %6s  %s\n' part result secs figures
+[ "${#NAMES[@]}" -gt 0 ] || echo "(no part selected)"
 failed=0
 for i in "${!NAMES[@]}"; do
   printf '%-12s %-5s %6s  %s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}" "${FIGS[$i]}"
