@@ -25,5 +25,9 @@ class MissingPathError(FileNotFoundError):
     """A path the user gave (``--resume DIR``, ``data.source``, ``--config``) does not exist."""
 
 
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, InputError, MissingPathError)
+class StackError(RuntimeError):
+    """The installed GPU stack is a known-broken combination (``megatron_maspo/stack.py``)."""
+
+
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, InputError, MissingPathError, StackError)
 """What ``maspo`` turns into a one-line message with exit status 2."""

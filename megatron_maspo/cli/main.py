@@ -6,6 +6,7 @@
     maspo convert hf-to-megatron --hf DIR --out DIR [--tp 2 --pp 2] [--verify]
     maspo plan r1_distill_qwen_7b_maspo --nodes 4 --gpus-per-node 8
     maspo launch r1_distill_qwen_7b_maspo --executor slurm --nodes 4 --dry-run
+    maspo doctor                      # this environment's GPU stack vs the supported set
 
 Only subcommands whose module is present are registered: nothing prints "not implemented". Each
 subcommand module exposes ``add_parser(subparsers)`` and ``run(args) -> int`` and imports its heavy
@@ -24,7 +25,7 @@ import importlib.util
 import logging
 import sys
 
-SUBCOMMANDS = ("train", "eval", "convert", "plan", "launch")
+SUBCOMMANDS = ("train", "eval", "convert", "plan", "launch", "doctor")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -56,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
     from megatron_maspo.train.loop import check_layout_supported, check_run_dir, train
 
     check_layout_supported(cfg)
+    from megatron_maspo.stack import refuse_broken_stack
+
+    refuse_broken_stack()  # on a GPU: a known-broken torch/vLLM/TE set stops here, in one line
     resume = bool(args.resume) or auto_resume(cfg)
     check_run_dir(cfg.checkpoint.run_dir, resume=resume)
 

