@@ -15,16 +15,43 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 SH = REPO / "scripts" / "gpu_smoke.sh"
 PY = REPO / "scripts" / "gpu_smoke.py"
-PARTS = ["install", "nccl", "train", "convert_h2m", "convert_m2h", "logprobs"]
+PARTS_PY = REPO / "scripts" / "gpu_smoke_parts.py"
+PARTS = ["install", "nccl", "train", "convert_h2m", "convert_m2h", "logprobs", "lp_bf16", "ipc", "sleep",
+         "mismatch", "varlen"]
+WINDOW_S = 360  # the lent machine: 15 minutes for its start, one run and a rerun
 
 
 def _env() -> dict:
     return {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
 
 
-def _py(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(PY), *args], capture_output=True, text=True,
+def _py(*args: str, timeout: int = 300, script: Path = PY) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
                           timeout=timeout, env=_env(), cwd=REPO)
+
+
+def _sh(*args: str, timeout: int = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SH), *args], capture_output=True, text=True, env=_env(),
+                          timeout=timeout)
+
+
+def test_list_prints_every_part_with_timeouts_that_fit_the_window():
+    out = _sh("--list")
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines()]
+    parts = {name: int(secs) for name, secs in rows if name != "total"}
+    assert list(parts) == PARTS
+    assert sum(parts.values()) <= WINDOW_S and ["total", str(sum(parts.values()))] in rows
+
+
+def test_only_runs_the_named_parts_and_rejects_unknown_ones():
+    out = _sh("--dry-run", "--only", "ipc,sleep")
+    planned = [line.split("]")[0].lstrip("[") for line in out.stdout.splitlines() if line.startswith("[")]
+    assert out.returncode == 0 and planned == ["ipc", "sleep"], out.stdout + out.stderr
+    # the dry run shows each part's enforced limit (here the GPU one: x1)
+    assert "[ipc] (timeout 30s)" in out.stdout
+    bad = _sh("--dry-run", "--only", "ipc,nope")
+    assert bad.returncode == 2 and "unknown part 'nope'" in bad.stderr
 
 
 def test_shell_syntax_and_dry_run_plan():
@@ -38,6 +65,41 @@ def test_shell_syntax_and_dry_run_plan():
     table = out.stdout.split("summary")[1]
     assert all(p in table for p in PARTS)
     assert subprocess.run(["bash", str(SH), "--bogus"], capture_output=True, env=_env()).returncode == 2
+
+
+def test_ipc_part_on_cpu_moves_a_model_bitwise_into_a_spawned_engine():
+    out = _py("ipc", "--cpu", script=PARTS_PY)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert "SMOKE ipc: shared-memory" in out.stdout and "bitwise ok" in out.stdout
+
+
+def test_sleep_part_on_cpu_round_trips_engine_and_trainer_state():
+    out = _py("sleep", "--cpu", script=PARTS_PY)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert "bit-exact=yes" in out.stdout and "offloaded 0 MiB" not in out.stdout
+
+
+def test_lp_bf16_part_on_cpu_within_tolerance():
+    out = _py("lp_bf16", "--cpu", script=PARTS_PY)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert "ABOVE" not in out.stdout and "hidden: logp_err=" in out.stdout
+
+
+def test_varlen_part_reports_not_available_or_runs_the_named_backend():
+    out = _py("varlen", "--cpu", script=PARTS_PY)
+    assert out.returncode == 0 and "SMOKE varlen:" in out.stdout, out.stderr[-2000:]
+    bogus = subprocess.run([sys.executable, str(PARTS_PY), "varlen", "--cpu"], capture_output=True, text=True,
+                           timeout=120, env={**_env(), "SMOKE_VARLEN_BACKEND": "no_such_backend"}, cwd=REPO)
+    assert bogus.returncode == 0 and "not available" in bogus.stdout
+
+
+def test_check_verify_holds_the_conversion_figure_to_its_tolerance(tmp_path):
+    log = tmp_path / "h2m.out"
+    log.write_text("[maspo] INFO ...\nverify: max relative logits error 3.000e-07\n")
+    assert _py("check-verify", str(log), "--tol", "1e-4").returncode == 0
+    assert _py("check-verify", str(log), "--tol", "1e-8").returncode == 1
+    log.write_text("no figure\n")
+    assert _py("check-verify", str(log), "--tol", "1e-4").returncode == 1
 
 
 def test_nccl_part_on_cpu_uses_gloo():
@@ -60,7 +122,7 @@ def _metrics(run: Path, recs: list[dict]) -> None:
 
 def test_check_train_passes_a_complete_run_and_fails_on_gaps(tmp_path):
     phases = ["generate", "grade", "old_logprobs", "train", "sync"]
-    rec = {"step": 0, "actor/loss": 0.1, "time/step": 1.0, "reward/mean": 0.5, "memory/offloaded_gb": 0.1,
+    rec = {"step": 0, "actor/loss": 0.1, "actor/grad_norm": 0.2, "time/step": 1.0, "reward/mean": 0.5, "memory/offloaded_gb": 0.1,
            **{f"memory/{p}_{k}_gb": 0.3 for p in phases for k in ("peak_rss", "rss")}}
     _metrics(tmp_path / "ok", [rec, {**rec, "step": 1}])
     out = _py("check-train", str(tmp_path / "ok"), "--steps", "2", "--cpu")
@@ -71,6 +133,10 @@ def test_check_train_passes_a_complete_run_and_fails_on_gaps(tmp_path):
     bad = _py("check-train", str(tmp_path / "nan"), "--steps", "2", "--cpu")
     assert bad.returncode == 1 and "PROBLEMS" in bad.stdout
     assert _py("check-train", str(tmp_path / "ok"), "--steps", "3", "--cpu").returncode == 1
+    # zero advantages give a zero gradient: that run trained nothing, so the part fails
+    _metrics(tmp_path / "flat", [rec, {**rec, "step": 1, "actor/grad_norm": 0.0}])
+    flat = _py("check-train", str(tmp_path / "flat"), "--steps", "2", "--cpu")
+    assert flat.returncode == 1 and "actor/grad_norm=0.0" in flat.stdout
 
 
 @pytest.mark.slow
