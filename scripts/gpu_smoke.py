@@ -104,11 +104,11 @@ def cmd_check_train(a: argparse.Namespace) -> int:
     last = recs[-1] if recs else {}
     step_s = statistics.median(r["time/step"] for r in recs) if recs else float("nan")
     mem = "rss" if a.cpu else "peak_alloc"
-    figs = " ".join(f"{p}={last.get(f'memory/{p}_{mem}_gb', float('nan')):.2f}" for p in PHASES)
-    print(f"SMOKE train: steps={len(recs)} step_s(median)={step_s:.2f} "
+    figs = " ".join(f"{p[:4]}={last.get(f'memory/{p}_{mem}_gb', float('nan')):.2f}" for p in PHASES)
+    print(f"SMOKE train: steps={len(recs)} step_s={step_s:.2f} "
           f"reward={last.get('reward/mean', float('nan')):.3f} loss={last.get('actor/loss', float('nan')):.4f} "
           f"gnorm(min)={min((r.get('actor/grad_norm') or 0.0) for r in recs) if recs else 0.0:.3g} "
-          f"offloaded_gb={last.get('memory/offloaded_gb', 0.0):.3f} {mem}_gb[{figs}]"
+          f"offload_gb={last.get('memory/offloaded_gb', 0.0):.3f} {mem}_gb[{figs}]"
           + ("" if not problems else " PROBLEMS: " + "; ".join(problems[:3])))
     return 0 if not problems else 1
 
@@ -184,7 +184,7 @@ def cmd_logprobs(a: argparse.Namespace) -> int:
         mem = f" mem x{m_c / m_n:.2f}" if m_n > 0 else ""
         lines.append(f"{kind}: max_rel_err={err:.1e} time x{t_c / t_n:.2f}{mem}")
     dist.destroy_process_group()
-    print(f"SMOKE logprobs: N={n} V={v} H={h} fwd+bwd vs naive full log-softmax, same run: "
+    print(f"SMOKE logprobs: N={n} V={v} H={h} fwd+bwd vs naive log-softmax: "
           + "; ".join(lines))
     return 0 if ok else 1
 

@@ -89,8 +89,13 @@ if [ -n "$ONLY" ]; then
     [ -n "${LIMIT[$w]:-}" ] || { echo "--only: unknown part '$w'; parts: ${!LIMIT[*]}" >&2; exit 2; }
   done
 fi
-# selected NAME: is the part in --only (or is there no --only)?
-selected() { [ -z "$ONLY" ] && return 0; local w; for w in "${WANT[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
+# selected NAME: is the part in --only (or is there no --only)? install also runs whenever there are
+# wheels to install: the other parts import megatron-core and math-verify from them.
+selected() {
+  [ -z "$ONLY" ] && return 0
+  [ "$1" = install ] && ls "$WHEELS"/*.whl >/dev/null 2>&1 && return 0
+  local w; for w in "${WANT[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1
+}
 
 if [ "$DRY" = 1 ]; then
   WORK="${SMOKE_DIR:-${TMPDIR:-/tmp}/maspo_smoke.DRYRUN}"
@@ -126,7 +131,7 @@ run_part() {
   rc=$?
   SECS+=($((SECONDS - t0)))
   local fig
-  fig="$(grep -h '^SMOKE ' "$WORK/$name.log" | tail -n 1 | cut -c7-220)"   # one line per part: one screen
+  fig="$(grep -h '^SMOKE ' "$WORK/$name.log" | tail -n 1 | cut -c7-180)"   # one line per part: one screen
   if [ "$rc" = 0 ]; then
     STATUS+=("PASS")
   else

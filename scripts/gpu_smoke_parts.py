@@ -117,9 +117,9 @@ def cmd_lp_bf16(a: argparse.Namespace) -> int:
         ent_err = (got[kind][1].double() - want[kind][1]).abs().max().item()
         good = max(lp_err, ent_err) <= LP_BF16_TOL[kind]
         ok &= good
-        parts.append(f"{kind}: logp_err={lp_err:.1e} ent_err={ent_err:.1e} tol={LP_BF16_TOL[kind]:.0e}"
+        parts.append(f"{kind}: logp={lp_err:.1e} ent={ent_err:.1e} tol={LP_BF16_TOL[kind]:.0e}"
                      + ("" if good else " ABOVE"))
-    print(f"SMOKE lp_bf16: N={n} V={v} bf16 vs float64 of the same inputs: " + "; ".join(parts))
+    print(f"SMOKE lp_bf16: N={n} V={v} bf16 vs float64: " + "; ".join(parts))
     return 0 if ok else 1
 
 
@@ -128,12 +128,13 @@ def cmd_lp_bf16(a: argparse.Namespace) -> int:
 def _receiver(cfg, dtype: torch.dtype, dev: str, inbox, outbox) -> None:
     """The engine process: a built-in engine that loads buckets opened from the sender's handles."""
     try:
-        from megatron_maspo.rollout.buckets import Bucket, TensorMeta
+        from megatron_maspo.rollout.buckets import Bucket
         from megatron_maspo.rollout.builtin_engine import BuiltinEngine
         from megatron_maspo.rollout.transport import open_shared
 
         device = torch.device(dev)
-        engine = BuiltinEngine.from_hf_config(cfg, dtype=dtype, device=device)
+        with device:  # random init on the device (the sync overwrites it): seconds saved on the GPU
+            engine = BuiltinEngine.from_hf_config(cfg, dtype=dtype, device=device)
         outbox.put(("ready", None))
 
         def buckets():
@@ -147,7 +148,7 @@ def _receiver(cfg, dtype: torch.dtype, dev: str, inbox, outbox) -> None:
                 handle, nbytes, metas, index = msg
                 buf = open_shared(handle, device.index if device.type == "cuda" else None)[:nbytes]
                 prev = index
-                yield Bucket(buf, [TensorMeta(n, d, tuple(s), o) for n, d, s, o in metas], None, index)
+                yield Bucket(buf, list(metas), None, index)
 
         engine.load_buckets(buckets(), verify=False)
         if device.type == "cuda":
@@ -193,8 +194,8 @@ def cmd_ipc(a: argparse.Namespace) -> int:
     # The prefetch thread packs bucket k+1 into the second buffer while the engine loads bucket k.
     for b in prefetch(pack_buckets(named, bucket_bytes, with_checksum=False, alloc=pool), depth=1,
                       on_drop=lambda x: x.done()):
-        inbox.put((share(b.buffer), b.buffer.numel(),
-                   [[m.name, m.dtype, list(m.shape), m.offset] for m in b.metas], b.index))
+        # the metadata travels as pickled TensorMeta (whatever fields this checkout's buckets.py has)
+        inbox.put((share(b.buffer), b.buffer.numel(), b.metas, b.index))
         pending[b.index] = b
         n_buckets += 1
         if b.index > 0:
@@ -208,7 +209,7 @@ def cmd_ipc(a: argparse.Namespace) -> int:
     ok = not bad and set(crcs) == set(want)
     print(f"SMOKE ipc: {'cuda-ipc' if dev.type == 'cuda' else 'shared-memory'} {total / 2**20:.0f} MiB "
           f"{str(dtype).removeprefix('torch.')} in {n_buckets} buckets of {bucket_bytes / 2**20:.1f} MiB "
-          f"into a spawned engine: {total / secs / 1e9:.2f} GB/s, bitwise "
+          f"into a spawned engine: {total / secs / 1e9:.3f} GB/s, bitwise "
           + ("ok" if ok else f"WRONG ({len(bad)} tensors differ, e.g. {bad[:2]})"))
     return 0 if ok else 1
 
@@ -266,7 +267,7 @@ def cmd_sleep(a: argparse.Namespace) -> int:
     freed = mem["engine_sleep@"] - mem["generate@"]
     figs = " ".join(f"{k}={mem[k]:.2f}" for k in ("engine_sleep", "offload", "generate", "reload"))
     print(f"SMOKE sleep: offloaded {moved / 2**20:.0f} MiB (reloaded {back / 2**20:.0f}), engine+trainer "
-          f"bit-exact={'yes' if ok_t and ok_e else 'NO'} (trainer {ok_t}, engine {ok_e}); "
+          f"bit-exact={'yes' if ok_t and ok_e else f'NO (trainer {ok_t}, engine {ok_e})'}; "
           f"freed_gb={freed:.2f} peak_gb[{figs}]")
     ok = ok_t and ok_e and moved > 0 and back == moved and (a.cpu or freed > 0)
     return 0 if ok else 1
@@ -365,8 +366,8 @@ def cmd_varlen(a: argparse.Namespace) -> int:
 
     backend = varlen_backend()
     if backend is None:
-        print(f"SMOKE varlen: not available (model.attention_backend accepts none of "
-              f"{', '.join(VARLEN_CANDIDATES)}; set SMOKE_VARLEN_BACKEND to name it)")
+        print(f"SMOKE varlen: not available (no model.attention_backend in {'/'.join(VARLEN_CANDIDATES)}; "
+              "SMOKE_VARLEN_BACKEND names one)")
         return 0
     from megatron_maspo.model.hf_config import arch_spec_from_hf
     from megatron_maspo.model.tiny_hf import make_tiny_hf_model
