@@ -104,7 +104,8 @@ def cmd_check_train(a: argparse.Namespace) -> int:
     last = recs[-1] if recs else {}
     step_s = statistics.median(r["time/step"] for r in recs) if recs else float("nan")
     mem = "rss" if a.cpu else "peak_alloc"
-    figs = " ".join(f"{p[:4]}={last.get(f'memory/{p}_{mem}_gb', float('nan')):.2f}" for p in PHASES)
+    short = {"generate": "gen", "grade": "grade", "old_logprobs": "old_lp", "train": "train", "sync": "sync"}
+    figs = " ".join(f"{short[p]}={last.get(f'memory/{p}_{mem}_gb', float('nan')):.2f}" for p in PHASES)
     print(f"SMOKE train: steps={len(recs)} step_s={step_s:.2f} "
           f"reward={last.get('reward/mean', float('nan')):.3f} loss={last.get('actor/loss', float('nan')):.4f} "
           f"gnorm(min)={min((r.get('actor/grad_norm') or 0.0) for r in recs) if recs else 0.0:.3g} "
