@@ -1,6 +1,8 @@
-"""Build the pieces the RL loop needs from a config: tokenizer + architecture, engine, data order.
+"""Build the pieces the RL loop needs from the root config: policy source, actor, engine, rollout side.
 
-Kept apart from ``loop.py`` so the loop reads like pseudo-code and each factory can be tested alone.
+These builders are the only functions under ``train/`` that take the root :class:`MaspoConfig`: each
+hands every component just the config sections it uses. Kept apart from ``loop.py`` so the loop reads
+like pseudo-code and each factory can be tested alone.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def build_policy_source(cfg: MaspoConfig, groups) -> tuple[Any, ArchSpec, Any]:
     spec = arch_spec_from_hf(str(src))
     from megatron_maspo.model.moe import check_model_layout
 
-    check_model_layout(cfg, spec)  # e.g. MoE at TP > 1 without sequence parallelism: one-line error
+    check_model_layout(cfg.model, cfg.parallel, spec)  # e.g. MoE at TP > 1 without sequence parallelism: one-line error
     if cfg.model.megatron_checkpoint:
         init = partial(_load_megatron, path=cfg.model.megatron_checkpoint)
     else:
@@ -85,33 +87,41 @@ def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any):
         return engine
     from megatron_maspo.rollout.vllm_engine import VllmEngine
 
-    return VllmEngine.from_config(cfg, spec, tokenizer)
+    return VllmEngine.from_settings(cfg.rollout, spec, bf16=cfg.model.bf16, seed=cfg.train.seed)
 
 
-class PromptOrder:
-    """Deterministic epoch-wise shuffled order over the dataset; its state is two integers."""
+def build_actor(cfg: MaspoConfig, spec: ArchSpec, groups, *, init_weights=None, memory_phase=None):
+    """The training actor, given the sections it reads (model, parallel, optim, loss, train, τ)."""
+    from megatron_maspo.train.actor.megatron_actor import MegatronActor
 
-    def __init__(self, n: int, seed: int, epoch: int = 0, cursor: int = 0) -> None:
-        if n < 1:
-            raise ValueError("the prompt dataset is empty")
-        self.n, self.seed, self.epoch, self.cursor = n, seed, epoch, cursor
-        self._perm = self._permutation()
+    return MegatronActor(spec, groups, model=cfg.model, parallel=cfg.parallel, optim=cfg.optim,
+                         loss=cfg.loss, train=cfg.train, temperature=cfg.rollout.temperature,
+                         init_weights=init_weights, memory_phase=memory_phase)
 
-    def _permutation(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return torch.randperm(self.n, generator=g).tolist()
 
-    def take(self, k: int) -> list[int]:
-        """The next ``k`` dataset indices, reshuffling at each epoch boundary."""
-        out = []
-        while len(out) < k:
-            if self.cursor >= self.n:
-                self.epoch, self.cursor = self.epoch + 1, 0
-                self._perm = self._permutation()
-            out.append(self._perm[self.cursor])
-            self.cursor += 1
-        return out
+def build_inference_policy(cfg: MaspoConfig, spec: ArchSpec, groups, *, init_weights=None):
+    """The frozen policy of ``maspo eval`` (model and parallel sections only)."""
+    from megatron_maspo.train.actor.inference import InferencePolicy
 
-    def state(self) -> dict[str, int]:
-        """Resumable position: ``{"epoch", "cursor"}``."""
-        return {"epoch": self.epoch, "cursor": self.cursor}
+    return InferencePolicy(spec, groups, model=cfg.model, parallel=cfg.parallel, init_weights=init_weights)
+
+
+def build_rollout_side(cfg: MaspoConfig, *, rank: int, world: int, spec: ArchSpec, tokenizer: Any,
+                       examples: list, state: dict, version_offset: int, meters):
+    """The fleet layout, this rank's engine shard (engine + grader where it owns an engine), the side."""
+    from megatron_maspo.reward.math_reward import MathReward
+    from megatron_maspo.rollout.fleet import build_fleet
+    from megatron_maspo.train.rollouts.shard import EngineShard
+    from megatron_maspo.train.rollouts.side import RolloutSide
+
+    fleet = build_fleet(cfg.parallel, cfg.rollout, world)  # the same object the planner reads
+    engine_id = fleet.engine_of(rank)
+    shard = None
+    if engine_id is not None:
+        shard = EngineShard(build_engine(cfg, spec, tokenizer), engine_id=engine_id, fleet=fleet,
+                            tokenizer=tokenizer, examples=examples, grader=MathReward(cfg.reward),
+                            rollout=cfg.rollout, seed=cfg.train.seed,
+                            overlong_buffer=cfg.train.overlong_buffer, version_offset=version_offset,
+                            meters=meters)
+    return RolloutSide(shard, fleet, num_examples=len(examples), rollout=cfg.rollout, train=cfg.train,
+                       state=state, version_offset=version_offset)
