@@ -13,9 +13,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoTokenizer
 
 from megatron_maspo.config import MaspoConfig
+from megatron_maspo.conversion.dist_ckpt import load_model_checkpoint
+from megatron_maspo.conversion.hf_to_megatron import load_hf_weights
+from megatron_maspo.data.tokenizer import build_byte_tokenizer
+from megatron_maspo.model.hf_config import arch_spec_from_hf, hf_config_dict
+from megatron_maspo.model.moe import check_model_layout
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
+from megatron_maspo.reward.math_reward import MathReward
+from megatron_maspo.rollout.builtin_engine import BuiltinEngine
+from megatron_maspo.rollout.fleet import build_fleet
+from megatron_maspo.train.actor.inference import InferencePolicy
+from megatron_maspo.train.actor.megatron_actor import MegatronActor
+from megatron_maspo.train.rollouts.shard import EngineShard
+from megatron_maspo.train.rollouts.side import RolloutSide
 
 logger = logging.getLogger(__name__)
 
@@ -31,16 +44,12 @@ def build_policy_source(cfg: MaspoConfig, groups) -> tuple[Any, ArchSpec, Any]:
         FileNotFoundError: the HF folder or its config.json is missing.
     """
     if cfg.model.source == "tiny":
-        from megatron_maspo.data.tokenizer import build_byte_tokenizer
 
         tok = build_byte_tokenizer()
         spec = tiny_qwen2_spec(vocab_size=len(tok), num_layers=cfg.model.tiny_num_layers,
                                hidden_size=cfg.model.tiny_hidden_size)
         ckpt = cfg.model.megatron_checkpoint
         return tok, spec, (partial(_load_megatron, path=ckpt) if ckpt else None)
-    from transformers import AutoTokenizer
-
-    from megatron_maspo.model.hf_config import arch_spec_from_hf
 
     src = Path(cfg.model.source)
     if not (src / "config.json").is_file():
@@ -48,8 +57,6 @@ def build_policy_source(cfg: MaspoConfig, groups) -> tuple[Any, ArchSpec, Any]:
                                 "with config.json")
     tok = AutoTokenizer.from_pretrained(str(src))
     spec = arch_spec_from_hf(str(src))
-    from megatron_maspo.model.moe import check_model_layout
-
     check_model_layout(cfg.model, cfg.parallel, spec)  # e.g. MoE at TP > 1 without sequence parallelism: one-line error
     if cfg.model.megatron_checkpoint:
         init = partial(_load_megatron, path=cfg.model.megatron_checkpoint)
@@ -60,26 +67,20 @@ def build_policy_source(cfg: MaspoConfig, groups) -> tuple[Any, ArchSpec, Any]:
 
 def _load_megatron(chunks, *, path):
     """Initial weights from a Megatron dist-checkpoint (any TP/PP layout), before DDP and optimizer."""
-    from megatron_maspo.conversion.dist_ckpt import load_model_checkpoint
-
     if not Path(path).is_dir():
         raise FileNotFoundError(f"model.megatron_checkpoint={path!r}: no such checkpoint folder")
     load_model_checkpoint(chunks, path)
 
 
 def _load_hf(chunks, *, spec, groups, src):
-    from megatron_maspo.conversion.hf_to_megatron import load_hf_weights
 
     load_hf_weights(chunks, spec, groups, src)
 
 
 def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any):
     """The rollout engine (on the sending rank only). Weights arrive through the first sync."""
-    from megatron_maspo.model.hf_config import hf_config_dict
-
     hf_cfg = hf_config_dict(spec)
     if cfg.rollout.engine == "builtin":
-        from megatron_maspo.rollout.builtin_engine import BuiltinEngine
 
         dtype = torch.bfloat16 if cfg.model.bf16 else torch.float32
         engine = BuiltinEngine.from_hf_config(hf_cfg, dtype=dtype)
@@ -92,8 +93,6 @@ def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any):
 
 def build_actor(cfg: MaspoConfig, spec: ArchSpec, groups, *, init_weights=None, memory_phase=None):
     """The training actor, given the sections it reads (model, parallel, optim, loss, train, τ)."""
-    from megatron_maspo.train.actor.megatron_actor import MegatronActor
-
     return MegatronActor(spec, groups, model=cfg.model, parallel=cfg.parallel, optim=cfg.optim,
                          loss=cfg.loss, train=cfg.train, temperature=cfg.rollout.temperature,
                          init_weights=init_weights, memory_phase=memory_phase)
@@ -101,19 +100,12 @@ def build_actor(cfg: MaspoConfig, spec: ArchSpec, groups, *, init_weights=None, 
 
 def build_inference_policy(cfg: MaspoConfig, spec: ArchSpec, groups, *, init_weights=None):
     """The frozen policy of ``maspo eval`` (model and parallel sections only)."""
-    from megatron_maspo.train.actor.inference import InferencePolicy
-
     return InferencePolicy(spec, groups, model=cfg.model, parallel=cfg.parallel, init_weights=init_weights)
 
 
 def build_rollout_side(cfg: MaspoConfig, *, rank: int, world: int, spec: ArchSpec, tokenizer: Any,
                        examples: list, state: dict, version_offset: int, meters):
     """The fleet layout, this rank's engine shard (engine + grader where it owns an engine), the side."""
-    from megatron_maspo.reward.math_reward import MathReward
-    from megatron_maspo.rollout.fleet import build_fleet
-    from megatron_maspo.train.rollouts.shard import EngineShard
-    from megatron_maspo.train.rollouts.side import RolloutSide
-
     fleet = build_fleet(cfg.parallel, cfg.rollout, world)  # the same object the planner reads
     engine_id = fleet.engine_of(rank)
     shard = None
