@@ -1,24 +1,21 @@
-"""The root configuration: one dataclass per component, composed; YAML round-trip; recipe loading.
+"""The root configuration: one dataclass per component, composed; cross-section checks; YAML round-trip.
 
-A recipe is a Python function returning a :class:`MaspoConfig` (``megatron_maspo/recipes/tiny.py: config``). The
-resolved config is written to ``<run_dir>/config.yaml`` and loads back with :func:`load_config`.
+The resolved config is written to ``<run_dir>/config.yaml`` and loads back with :func:`load_config`.
+Recipes (functions returning a :class:`MaspoConfig`) sit above this module:
+:mod:`megatron_maspo.recipes.registry` resolves them and applies ``--set`` overrides.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import importlib.util
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron_maspo.data.config import DataConfig
-from megatron_maspo.errors import ConfigError, MissingPathError
+from megatron_maspo.errors import MissingPathError
 from megatron_maspo.eval.config import EvalConfig
 from megatron_maspo.loss.config import LossConfig
 from megatron_maspo.model.config import ModelConfig
-from megatron_maspo.overrides import apply_overrides, from_dict, to_dict
+from megatron_maspo.overrides import from_dict, to_dict
 from megatron_maspo.parallel.config import ParallelConfig
 from megatron_maspo.reward.config import RewardConfig
 from megatron_maspo.rollout.config import RolloutConfig
@@ -45,9 +42,30 @@ class MaspoConfig:
         # Cross-section checks; each section validated its own fields already.
         if self.loss.kl_coef > 0 and not self.train.reference_model:
             raise ValueError("loss.kl_coef > 0 needs train.reference_model=true (a frozen reference policy)")
-        from megatron_maspo.model.moe import check_moe_cross_section
+        _check_moe_cross_section(self)
 
-        check_moe_cross_section(self)
+
+def _check_moe_cross_section(cfg: MaspoConfig) -> None:
+    """Combinations of MoE fields with other sections that cannot run (``MaspoConfig.__post_init__``).
+
+    Raises:
+        ValueError: naming both keys and the reason.
+    """
+    m = cfg.model
+    if m.routing_replay != "off" and cfg.rollout.engine == "vllm":
+        raise ValueError(
+            f"model.routing_replay={m.routing_replay!r} with rollout.engine='vllm': the vLLM adapter does "
+            "not return routed experts yet (vLLM's enable_return_routed_experts is not wired; docs/moe.md);"
+            " use rollout.engine='builtin' or model.routing_replay='off'")
+    if m.routing_replay == "old_logprobs" and cfg.train.check_first_ratio:
+        raise ValueError("model.routing_replay='old_logprobs' with train.check_first_ratio=true: the "
+                         "training forward routes on its own, so the first ratio is not 1 by design; "
+                         "use routing_replay='all' or turn the check off")
+    if m.routing_replay == "all" and m.recompute == "full" and cfg.parallel.pp > 1:
+        raise ValueError("model.routing_replay='all' with model.recompute='full' and parallel.pp > 1: the "
+                         "recomputed forward of a micro-batch runs after later micro-batches were armed")
+    if m.moe_dispatcher == "flex" and cfg.parallel.ep == 1:
+        raise ValueError("model.moe_dispatcher='flex' needs parallel.ep > 1")
 
 
 def check_combinations(cfg: MaspoConfig) -> None:
@@ -97,77 +115,3 @@ def load_config(path: str | Path) -> MaspoConfig:
         raise MissingPathError(f"config file not found: {p}")
     data = yaml.safe_load(p.read_text()) or {}
     return from_dict(MaspoConfig, data)
-
-
-def list_recipes() -> list[str]:
-    """Names of the packaged recipes (modules of ``megatron_maspo.recipes`` with a ``config()`` function)."""
-    import pkgutil
-
-    import megatron_maspo.recipes as recipes
-
-    return sorted(m.name for m in pkgutil.iter_modules(recipes.__path__)
-                  if not m.name.startswith("_") and m.name != "base")
-
-
-def load_recipe(name: str) -> MaspoConfig:
-    """Resolve a recipe: a packaged name (``tiny``), ``path/to/file.py[:fn]`` or ``pkg.module[:fn]``.
-
-    Raises:
-        ConfigError: unknown recipe (lists the available ones) or a function that returns no MaspoConfig.
-    """
-    target, _, fn_name = name.partition(":")
-    fn_name = fn_name or "config"
-    module = None
-    path = Path(target)
-    if path.suffix == ".py":
-        if not path.is_file():
-            raise ConfigError(f"recipe file not found: {path}")
-        # Like running the file as a script: its folder is importable, so a user's recipes can share a
-        # local base module with a plain ``from my_base import ...``.
-        folder = str(path.resolve().parent)
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-        spec = importlib.util.spec_from_file_location(f"maspo_recipe_{path.stem}", path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    elif target in list_recipes():
-        module = importlib.import_module(f"megatron_maspo.recipes.{target}")
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError:
-            raise ConfigError(f"unknown recipe {name!r}; available: {list_recipes()} "
-                             "(or pass path/to/recipe.py[:fn] or package.module[:fn])") from None
-    fn = getattr(module, fn_name, None)
-    if not callable(fn):
-        raise ConfigError(f"recipe {name!r} has no function {fn_name!r}")
-    cfg = fn()
-    if not isinstance(cfg, MaspoConfig):
-        raise ConfigError(f"recipe {name!r}:{fn_name} returned {type(cfg).__name__}, not MaspoConfig")
-    return cfg
-
-
-def resolve_config(recipe: str | None, config_path: str | None, overrides: list[str]) -> MaspoConfig:
-    """The config a command runs with: a recipe or a saved config, then ``--set`` overrides.
-
-    Raises:
-        ConfigError: any invalid recipe, saved config, override or cross-section combination (every
-            ``ValueError`` of loading and validation is re-raised as one, message unchanged).
-        MissingPathError: ``config_path`` does not exist.
-    """
-    if recipe and config_path:
-        raise ConfigError("pass either --recipe or --config, not both")
-    try:
-        cfg = load_config(config_path) if config_path else load_recipe(recipe or "tiny")
-        cfg = apply_overrides(cfg, overrides)
-        # Re-run cross-section validation after overrides.
-        cfg = dataclasses.replace(cfg)
-        check_combinations(cfg)
-        return cfg
-    except ConfigError:
-        raise
-    except ValueError as e:
-        # Validation lives in each section's __post_init__ as plain ValueErrors; here, at the one place
-        # a config is assembled, they become configuration errors (the CLI's one-line message).
-        raise ConfigError(str(e)) from e

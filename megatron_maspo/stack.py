@@ -123,9 +123,11 @@ def te_import_error() -> str | None:
 
 
 def _driver_and_gpus(torch) -> tuple[str | None, list[str]]:
+    from megatron_maspo.parallel.device import on_cuda
+
     gpus = [f"{i}: {torch.cuda.get_device_name(i)} (sm_{''.join(map(str, torch.cuda.get_device_capability(i)))}"
             f", {torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB)"
-            for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+            for i in range(torch.cuda.device_count())] if on_cuda() else []
     driver = None
     if shutil.which("nvidia-smi"):
         try:
@@ -232,9 +234,9 @@ def refuse_broken_stack() -> None:
 
     A no-op on CPU (the CPU stack is constraints/cpu.txt, not this set) and with MASPO_SKIP_STACK_CHECK=1.
     """
-    import torch
+    from megatron_maspo.parallel.device import on_cuda
 
-    if not torch.cuda.is_available() or os.environ.get("MASPO_SKIP_STACK_CHECK") == "1":
+    if not on_cuda() or os.environ.get("MASPO_SKIP_STACK_CHECK") == "1":
         return
     broken = [m for kind, m in findings(collect()) if kind == "broken"]
     if broken:

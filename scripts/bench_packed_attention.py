@@ -54,8 +54,8 @@ def _step(model, backend: str, lens: list[int], vocab: int) -> None:
     """One forward+backward of the actor's pass on a packed row of sequences ``lens``."""
     from megatron_maspo.model.packed_attention import build_packed_seq_params
     from megatron_maspo.parallel.logprobs import vocab_parallel_logprobs_from_hidden
-    from megatron_maspo.train.forward import hidden_output, output_weight
-    from megatron_maspo.train.packing import block_causal_mask, cu_seqlens
+    from megatron_maspo.train.actor.forward import hidden_output, output_weight
+    from megatron_maspo.train.actor.packing import block_causal_mask, cu_seqlens
 
     g = torch.Generator().manual_seed(len(lens))
     s = sum(lens)

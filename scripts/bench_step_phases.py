@@ -38,26 +38,27 @@ PHASES = ("generate", "grade", "old_logprobs", "train", "sync")
 def _step(tr, step: int) -> dict[str, dict[str, float]]:
     """One RL step of ``tr`` (a ``Trainer``) timed by phase: {phase: {seconds, units...}}."""
     from megatron_maspo.rollout.types import SamplingParams
-    from megatron_maspo.train.grading import grade_groups
+    from megatron_maspo.train.rollouts.grading import grade_groups
+    from megatron_maspo.train.rollouts.groups import samples_from_groups
 
     rc, tc = tr.cfg.rollout, tr.cfg.train
-    idx = tr.order.take(tc.prompts_per_step)
+    idx = tr.rollouts.order.take(tc.prompts_per_step)
     prompts = [tr.examples[i].prompt_ids for i in idx]
     params = SamplingParams(n=rc.group_size, temperature=rc.temperature, top_p=rc.top_p,
                             max_tokens=rc.max_new_tokens, stop_token_ids=[tr.tokenizer.eos_token_id],
                             seed=tc.seed * 7919 + step * 101)
     out: dict[str, dict[str, float]] = {}
     t0 = time.perf_counter()
-    comps = tr.engine.generate(prompts, params)
+    comps = tr.rollouts.engine.generate(prompts, params)
     gen_tokens = sum(len(c.token_ids) for g in comps for c in g)
     out["generate"] = {"seconds": time.perf_counter() - t0, "tokens": gen_tokens}
     t0 = time.perf_counter()
-    groups = grade_groups(tr.reward_fn, tr.tokenizer, idx, prompts,
+    groups = grade_groups(tr.rollouts.shard.grader, tr.tokenizer, idx, prompts,
                           [tr.examples[i].answer for i in idx], comps)
     out["grade"] = {"seconds": time.perf_counter() - t0, "tokens": gen_tokens,
                     "responses": sum(len(g) for g in comps)}
-    tr.engine.sleep(rc.sleep_level)
-    samples = tr.build_samples(groups)
+    tr.rollouts.sleep()
+    samples = samples_from_groups(groups, tr.cfg.loss, overlong_filter=tc.overlong_filter, version_offset=0)
     plans, _, _ = tr.actor.plan(samples)
     packed = sum(int(mb.tokens.numel()) for p in plans for mb in p.micro_batches)
     for c in tr.actor.chunks:
@@ -99,9 +100,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", help="also write the results here")
     a = p.parse_args(argv)
-    from megatron_maspo.config import load_recipe
     from megatron_maspo.overrides import apply_overrides
-    from megatron_maspo.reward.math_reward import MathReward
+    from megatron_maspo.recipes.registry import load_recipe
     from megatron_maspo.train.loop import Trainer
 
     with tempfile.TemporaryDirectory(prefix="bench_phases_") as run_dir:
@@ -109,12 +109,11 @@ def main(argv: list[str] | None = None) -> dict:
             f"checkpoint.run_dir={run_dir}", "train.sft_steps=0", "logging.plots=false",
             *a.overrides])
         tr = Trainer(cfg)
-        tr.reward_fn = MathReward(cfg.reward)
         try:
             tr.sync()  # the run's initial sync
             steps = [_step(tr, k) for k in range(a.steps + 1)][1:]
         finally:
-            tr.reward_fn.close()
+            tr.rollouts.close()
             from megatron_maspo.parallel.groups import destroy_parallel
 
             destroy_parallel()

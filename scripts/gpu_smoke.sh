@@ -14,7 +14,7 @@
 #   lp_bf16      the same kernels on bf16 inputs vs float64 of the same inputs (tolerance)
 #   ipc          buckets of a real model through rollout/transport.py (CUDA IPC; shared memory on CPU)
 #                into a spawned built-in engine process: bitwise check of every parameter, GB/s
-#   sleep        engine sleep/wake + trainer offload/reload (train/offload.py): bit-exact, memory per phase
+#   sleep        engine sleep/wake + trainer offload/reload (train/actor/offload.py): bit-exact, memory per phase
 #   mismatch     trainer (Megatron) vs engine (transformers) log-probs of the same sampled tokens (tolerance)
 #   varlen       a varlen attention backend vs packed_sdpa, when this checkout has one ("not available" else)
 # and prints one summary table (PASS/FAIL per part, with its figures). Exit status: failed parts.

@@ -221,7 +221,7 @@ def cmd_sleep(a: argparse.Namespace) -> int:
 
     from megatron_maspo.rollout.builtin_engine import BuiltinEngine
     from megatron_maspo.rollout.types import SamplingParams
-    from megatron_maspo.train.offload import CATEGORIES, StateOffloader, training_tensors
+    from megatron_maspo.train.actor.offload import CATEGORIES, StateOffloader, training_tensors
 
     dev = _device(a.cpu)
     dtype = torch.float32 if a.cpu else torch.bfloat16

@@ -42,10 +42,10 @@ def _worker(rank: int, world: int, args: dict) -> dict:
     from megatron_maspo.rollout.builtin_engine import BuiltinEngine
     from megatron_maspo.rollout.diagnostics import mismatch_metrics
     from megatron_maspo.rollout.types import SamplingParams
-    from megatron_maspo.train.actor import MegatronActor
+    from megatron_maspo.train.actor.routing_replay import replay_targets
+    from megatron_maspo.train.actor.samples import Sample
+    from megatron_maspo.train.components import build_actor
     from megatron_maspo.train.config import TrainConfig
-    from megatron_maspo.train.routing_replay import replay_targets
-    from megatron_maspo.train.samples import Sample
 
     with tempfile.TemporaryDirectory() as d:
         model, hf_cfg = make_tiny_hf_model("qwen3_moe", d, seed=args["seed"],
@@ -55,7 +55,7 @@ def _worker(rank: int, world: int, args: dict) -> dict:
         cfg = MaspoConfig(model=ModelConfig(routing_replay="old_logprobs"),
                           parallel=ParallelConfig(world_size=1),
                           train=TrainConfig(mini_batches_per_step=1, max_tokens_per_micro_batch=1 << 16))
-        actor = MegatronActor(cfg, spec, groups, init_weights=partial(
+        actor = build_actor(cfg, spec, groups, init_weights=partial(
             load_hf_weights, spec=spec, groups=groups, source=d))
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args["engine_dtype"]]
     engine = BuiltinEngine(copy.deepcopy(model).to(dtype), device="cpu")

@@ -52,14 +52,14 @@ BEGIN, END = "<!-- offpolicy-study:begin -->", "<!-- offpolicy-study:end -->"
 # Supervised warm start only, saved as checkpoints/step_0: the shared initial policy of one seed.
 _INIT = """
 import sys
-from megatron_maspo.config import resolve_config
+from megatron_maspo.recipes.registry import resolve_config
 from megatron_maspo.parallel.groups import destroy_parallel
 from megatron_maspo.train.loop import Trainer
 from megatron_maspo.train.sft import sft_warm_start
 
 cfg = resolve_config(None, None, sys.argv[1:])
 t = Trainer(cfg)
-sft_warm_start(t.actor, t.examples, t.tokenizer, cfg, rank=t.rank, progress=t.progress)
+sft_warm_start(t.actor, t.examples, t.tokenizer, cfg.train, rank=t.rank)
 t.sft_done = True
 t.save()
 destroy_parallel()

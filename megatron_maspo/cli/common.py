@@ -19,7 +19,8 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace):
     """Resolve the config of ``args``; print it and exit when --print-config was given."""
-    from megatron_maspo.config import dump_yaml, resolve_config
+    from megatron_maspo.config import dump_yaml
+    from megatron_maspo.recipes.registry import resolve_config
 
     cfg = resolve_config(args.recipe, args.config, args.overrides)
     if args.print_config:

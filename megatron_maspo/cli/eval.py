@@ -70,9 +70,9 @@ def _grader(name: str, cfg):
 
 
 def run(args: argparse.Namespace) -> int:
-    from megatron_maspo.config import resolve_config
-    from megatron_maspo.train.checkpoint import list_checkpoints
-    from megatron_maspo.train.loop import CHECKPOINT_SUBDIR
+    from megatron_maspo.recipes.registry import resolve_config
+    from megatron_maspo.train.actor.checkpoint import list_checkpoints
+    from megatron_maspo.train.config import CHECKPOINT_SUBDIR
 
     cfg = resolve_config(None, args.run_dir, args.overrides)
     greedy = args.temperature == 0
@@ -96,10 +96,13 @@ def run(args: argparse.Namespace) -> int:
     from megatron_maspo.parallel.groups import destroy_parallel, init_parallel
     from megatron_maspo.rollout.types import SamplingParams
     from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
-    from megatron_maspo.train.checkpoint import load_checkpoint
-    from megatron_maspo.train.components import build_engine, build_policy_source
-    from megatron_maspo.train.distributed import setup_distributed
-    from megatron_maspo.train.inference import InferencePolicy
+    from megatron_maspo.train.actor.checkpoint import load_checkpoint
+    from megatron_maspo.train.components import (
+        build_engine,
+        build_inference_policy,
+        build_policy_source,
+    )
+    from megatron_maspo.train.process.distributed import setup_distributed
 
     rank, world = setup_distributed()
     cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, world_size=world))
@@ -108,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         tok, spec, init = build_policy_source(cfg, groups)
         # weights only: no DDP gradient buffer, no optimizer, no fp32 master copy
-        actor = InferencePolicy(cfg, spec, groups, init_weights=init)
+        actor = build_inference_policy(cfg, spec, groups, init_weights=init)
         load_checkpoint(actor, ckpt, load_optimizer=False)
         engine = build_engine(cfg, spec, tok) if rank == 0 else None
         sync_weights(actor.named_modules_unwrapped(), spec, groups, engine,

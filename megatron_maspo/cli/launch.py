@@ -27,6 +27,7 @@ import logging
 import sys
 
 from megatron_maspo.cli.common import add_config_args
+from megatron_maspo.parallel.device import on_cuda
 
 logger = logging.getLogger(__name__)
 
@@ -174,12 +175,11 @@ def _warn_if_not_fitting(cfg, opts) -> None:
 
 
 def _cuda_available() -> bool:
-    import torch
 
-    return torch.cuda.is_available()
+    return on_cuda()
 
 
 def _cuda_count() -> int:
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.cuda.device_count() if on_cuda() else 0

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if spec.is_moe:
         from megatron_maspo.model.moe import moe_summary
 
-        print(moe_summary(cfg))
+        print(moe_summary(cfg.model))
     print(format_plan(plan, "recipe layout: "))
     if plan.fits:
         return 0

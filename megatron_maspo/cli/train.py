@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from megatron_maspo.launch.requeue import auto_resume, requeue_if_unfinished
     from megatron_maspo.train.loop import check_layout_supported, check_run_dir, train
 
-    check_layout_supported(cfg)
+    check_layout_supported(cfg.parallel)
     from megatron_maspo.stack import refuse_broken_stack
 
     refuse_broken_stack()  # on a GPU: a known-broken torch/vLLM/TE set stops here, in one line

@@ -24,10 +24,6 @@ logger = logging.getLogger(__name__)
 
 EXECUTORS = ("local", "slurm")
 LAUNCHERS = ("torchrun", "srun")
-# Set by the srun-native Slurm launch: each task derives RANK / WORLD_SIZE / LOCAL_RANK from Slurm's
-# SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID (see rank_env_from_slurm); the batch script exports
-# MASTER_ADDR (the first node's IP) and MASTER_PORT.
-SRUN_RANKS_ENV = "MASPO_RANKS_FROM_SLURM"
 TRAIN_MODULE = "megatron_maspo.cli.main"
 
 # Environment every GPU job gets. CUDA_DEVICE_MAX_CONNECTIONS=1 keeps Megatron's TP communication kernels
@@ -138,26 +134,6 @@ def job_env(opts: LaunchOptions, *, cuda: bool = True) -> dict[str, str]:
         env.update(MULTINODE_ENV)
     env.update(opts.env)
     return env
-
-
-def rank_env_from_slurm(env: dict[str, str]) -> dict[str, str]:
-    """torch.distributed's ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` from an srun task's environment.
-
-    Empty unless the launcher asked for it (``MASPO_RANKS_FROM_SLURM=1``) and torchrun did not already
-    set ``WORLD_SIZE``: an interactive ``salloc`` shell also carries SLURM_* variables and must stay a
-    one-process run. ``MASTER_ADDR`` / ``MASTER_PORT`` come from the batch script.
-
-    Raises:
-        ValueError: asked for, but a SLURM_* or MASTER_* variable is missing.
-    """
-    if env.get(SRUN_RANKS_ENV) != "1" or "WORLD_SIZE" in env:
-        return {}
-    missing = [k for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT")
-               if k not in env]
-    if missing:
-        raise ValueError(f"{SRUN_RANKS_ENV}=1 but {', '.join(missing)} unset: start the task with srun "
-                         "inside an allocation whose batch script exports MASTER_ADDR and MASTER_PORT")
-    return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"], "LOCAL_RANK": env["SLURM_LOCALID"]}
 
 
 def parse_env(pairs: list[str]) -> dict[str, str]:

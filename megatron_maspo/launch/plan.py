@@ -276,7 +276,7 @@ def fleet_of(cfg: MaspoConfig, lay: Layout, world: int) -> FleetLayout | None:
     try:  # the config's own validation refuses layouts that do not divide the world: no fleet then
         p = dataclasses.replace(cfg.parallel, tp=lay.tp, pp=lay.pp, ep=lay.ep)
         cfg = dataclasses.replace(cfg, parallel=p, rollout=dataclasses.replace(cfg.rollout, vllm_tp=lay.vllm_tp))
-        return build_fleet(cfg, world)
+        return build_fleet(cfg.parallel, cfg.rollout, world)
     except ValueError:
         return None  # refused elsewhere (vllm_tp or tp*pp does not divide the world)
 
@@ -388,7 +388,7 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     if spec.is_moe:
         from megatron_maspo.model.moe import moe_plan_reasons
 
-        reasons += moe_plan_reasons(cfg, spec, lay.ep)
+        reasons += moe_plan_reasons(cfg.model, cfg.rollout, spec, lay.ep)
     if world % (lay.tp * lay.pp * lay.cp):
         what = "tp*pp" if lay.cp == 1 else "tp*pp*cp"
         reasons.append(f"world size {world} is not divisible by {what} = {lay.tp * lay.pp * lay.cp}")

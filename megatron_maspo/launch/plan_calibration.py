@@ -117,9 +117,9 @@ def planned(run: PublishedRun, exponential_tail: bool = False,
     responses were their lengths exponential with the published mean (the comparison in the docs).
     ``controller_gb_s``: add a single controller's data shipping at this rate (launch/plan_dispatch.py).
     """
-    from megatron_maspo.config import resolve_config
     from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
     from megatron_maspo.launch.plan_rollout import exponential_expected_max
+    from megatron_maspo.recipes.registry import resolve_config
 
     world = run.nodes * 8
     cfg = resolve_config(BASE_RECIPE, None, [f"parallel.world_size={world}", *SHARED, *run.sets])

@@ -1,6 +1,6 @@
 """Colocated memory with trainer offload: what leaves the GPU during generation, and the host memory it needs.
 
-``train.offload_params / offload_grads / offload_optimizer`` (train/offload.py) move the trainer's state
+``train.offload_params / offload_grads / offload_optimizer`` (train/actor/offload.py) move the trainer's state
 to pinned host memory while the engine generates and back before the update. The planner's memory
 categories are the offloader's categories, per GPU:
 
@@ -20,11 +20,11 @@ CPU runs of a tiny model (1 rank fp32 with a reference model; 2 ranks bf16 + dis
 
 from __future__ import annotations
 
-from megatron_maspo.train.offload import CATEGORIES, offload_categories
+from megatron_maspo.train.actor.offload import CATEGORIES, offload_categories
 
 
 def category_bytes(*, weights: float, reference: float, grads: float, optimizer: float) -> dict[str, float]:
-    """The planner's per-GPU bytes under the offloader's category names (``train/offload.py``)."""
+    """The planner's per-GPU bytes under the offloader's category names (``train/actor/offload.py``)."""
     return {"params": weights + reference, "grads": grads, "optimizer": optimizer}
 
 

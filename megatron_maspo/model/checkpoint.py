@@ -8,7 +8,7 @@
   a checkpoint is written into a hidden sibling folder and renamed into place only when complete,
   so a folder with the final name is always whole.
 
-Used by ``train/checkpoint.py`` (actor checkpoints: model, optimizer, RNG, data position) and by
+Used by ``train/actor/checkpoint.py`` (actor checkpoints: model, optimizer, RNG, data position) and by
 ``conversion/dist_ckpt.py`` / ``conversion/megatron_to_hf.py`` (model-only checkpoints, HF folders).
 Megatron-Core is not imported here: the chunks' own ``sharded_state_dict`` does the work.
 """

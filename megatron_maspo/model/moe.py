@@ -9,7 +9,7 @@ Dispatchers in megatron-core 0.16.1 (``transformer/moe/token_dispatcher.py``):
   tensors, which the CPU build of ``all_to_all_single`` refuses; ``parallel/cpu_compat.py`` (part
   ``a2a``) turns them into lists on CPU only. Row lengths may differ between EP ranks.
 * ``allgather``: every EP rank gathers every token (``[S·EP, H]``); needs equal token counts over
-  the EP group, so the actor pads rows (``train/packing.py``, ``equal_rows``).
+  the EP group, so the actor pads rows (``train/actor/packing.py``, ``equal_rows``).
 * ``flex``: DeepEP / HybridEP kernels; GPU only, refused here when CUDA or ``deep_ep`` is missing.
 """
 
@@ -19,6 +19,8 @@ import importlib.util
 from typing import Any
 
 import torch
+
+from megatron_maspo.parallel.device import on_cuda
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
 LOAD_BALANCING = ("none", "aux_loss", "seq_aux_loss")
@@ -51,7 +53,7 @@ def validate_moe_fields(m: Any) -> None:
 
 def flex_available() -> bool:
     """The flex dispatcher's kernels can run here: CUDA plus DeepEP importable."""
-    return torch.cuda.is_available() and importlib.util.find_spec("deep_ep") is not None
+    return on_cuda() and importlib.util.find_spec("deep_ep") is not None
 
 
 def moe_build_options(m: Any) -> dict:
@@ -110,49 +112,25 @@ def keep_router_fp32(model: torch.nn.Module) -> int:
     return n
 
 
-def check_moe_cross_section(cfg: Any) -> None:
-    """Combinations of MoE fields with other sections that cannot run (``MaspoConfig.__post_init__``).
-
-    Raises:
-        ValueError: naming both keys and the reason.
-    """
-    m = cfg.model
-    if m.routing_replay != "off" and cfg.rollout.engine == "vllm":
-        raise ValueError(
-            f"model.routing_replay={m.routing_replay!r} with rollout.engine='vllm': the vLLM adapter does "
-            "not return routed experts yet (vLLM's enable_return_routed_experts is not wired; docs/moe.md);"
-            " use rollout.engine='builtin' or model.routing_replay='off'")
-    if m.routing_replay == "old_logprobs" and cfg.train.check_first_ratio:
-        raise ValueError("model.routing_replay='old_logprobs' with train.check_first_ratio=true: the "
-                         "training forward routes on its own, so the first ratio is not 1 by design; "
-                         "use routing_replay='all' or turn the check off")
-    if m.routing_replay == "all" and m.recompute == "full" and cfg.parallel.pp > 1:
-        raise ValueError("model.routing_replay='all' with model.recompute='full' and parallel.pp > 1: the "
-                         "recomputed forward of a micro-batch runs after later micro-batches were armed")
-    if m.moe_dispatcher == "flex" and cfg.parallel.ep == 1:
-        raise ValueError("model.moe_dispatcher='flex' needs parallel.ep > 1")
-
-
-def moe_plan_reasons(cfg: Any, spec: Any, ep: int) -> list[str]:
-    """Why the MoE settings in ``cfg`` cannot run ``spec`` at expert-parallel size ``ep`` on a GPU
+def moe_plan_reasons(model: Any, rollout: Any, spec: Any, ep: int) -> list[str]:
+    """Why the MoE settings in ``model`` (with ``rollout.engine``) cannot run ``spec`` at expert-parallel size ``ep`` on a GPU
     cluster (``maspo plan``; the planning machine's own CUDA/DeepEP do not matter). Empty = fine.
 
     The trainer reads the same fields (``moe_build_options``), so a plan that passes here builds.
     """
-    m, out = cfg.model, []
+    m, out = model, []
     if m.moe_dispatcher == "flex" and ep == 1:
         out.append("model.moe_dispatcher='flex' needs ep > 1")
     if m.moe_dispatcher == "allgather" and ep > 8:
         out.append(f"model.moe_dispatcher='allgather' at ep={ep}: every EP rank gathers all {ep} ranks' "
                    "tokens (activation memory and traffic grow with EP); use 'alltoall'")
-    if m.routing_replay != "off" and cfg.rollout.engine == "vllm":
+    if m.routing_replay != "off" and rollout.engine == "vllm":
         out.append("model.routing_replay needs rollout.engine='builtin' (vLLM routed experts not wired)")
     return out
 
 
-def moe_summary(cfg: Any) -> str:
-    """One line with the MoE settings the trainer will use (``maspo plan`` output)."""
-    m = cfg.model
+def moe_summary(m: Any) -> str:
+    """One line with the MoE settings (``model.*``) the trainer will use (``maspo plan`` output)."""
     parts = [f"dispatcher={m.moe_dispatcher}", f"load_balancing={m.moe_load_balancing}"]
     if m.moe_aux_loss_coeff:
         parts.append(f"aux_loss_coeff={m.moe_aux_loss_coeff:g}")
@@ -163,20 +141,21 @@ def moe_summary(cfg: Any) -> str:
     return "moe: " + " ".join(parts)
 
 
-def check_model_layout(cfg: Any, spec: Any) -> None:
-    """The run's layout and MoE settings against the architecture, once it is known (start-up).
+def check_model_layout(model: Any, parallel: Any, spec: Any) -> None:
+    """The run's layout (``parallel.*``) and MoE settings (``model.*``) against the architecture, once it
+    is known (start-up).
 
     Raises:
         ConfigError: naming the ``parallel.*`` / ``model.*`` keys and the constraint.
     """
     from megatron_maspo.errors import ConfigError
 
-    p = cfg.parallel
-    sp = cfg.model.attention_backend == "te" and p.tp > 1
+    p = parallel
+    sp = model.attention_backend == "te" and p.tp > 1
     try:
         spec.validate_layout(p.tp, p.pp, p.ep, p.vpp, sequence_parallel=sp)
     except ValueError as e:
         raise ConfigError(f"parallel.tp={p.tp} parallel.pp={p.pp} parallel.ep={p.ep}: {e}") from None
-    if cfg.model.routing_replay != "off" and not spec.is_moe:
-        raise ConfigError(f"model.routing_replay={cfg.model.routing_replay!r} needs an MoE model "
+    if model.routing_replay != "off" and not spec.is_moe:
+        raise ConfigError(f"model.routing_replay={model.routing_replay!r} needs an MoE model "
                           f"({spec.family} is dense)")

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.parallel.device import on_cuda
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def detected_fusion_options() -> dict[str, bool]:
     """:func:`fusion_options` for this process: CUDA presence and installed kernels, probed by import spec."""
     from megatron_maspo.model.te_spec import te_available
 
-    has_cuda = torch.cuda.is_available()
+    has_cuda = on_cuda()
     return fusion_options(
         has_cuda, has_te=has_cuda and te_available(),
         has_softmax_kernel=importlib.util.find_spec("scaled_masked_softmax_cuda") is not None,
@@ -123,7 +124,7 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     spec.validate_layout(opts.tp, opts.pp, opts.ep, opts.vpp, sequence_parallel=opts.sequence_parallel)
-    on_gpu = torch.cuda.is_available()
+    on_gpu = on_cuda()
     kw: dict = dict(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -233,7 +234,7 @@ def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int)
                                           else None),
             vp_stage=vp if opts.vpp else None,
         )
-        if torch.cuda.is_available():
+        if on_cuda():
             model.cuda(torch.cuda.current_device())
         if opts.bf16:
             model.bfloat16()

@@ -6,9 +6,8 @@ by tests marked ``te``.
 
 from __future__ import annotations
 
-import torch
-
 from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.parallel.device import on_cuda
 
 
 def te_available() -> bool:
@@ -17,7 +16,7 @@ def te_available() -> bool:
         import transformer_engine  # noqa: F401
     except Exception:
         return False
-    return torch.cuda.is_available()
+    return on_cuda()
 
 
 def require_te() -> None:
@@ -33,7 +32,7 @@ def require_te() -> None:
         raise ImportError("model.attention_backend='te' needs Transformer Engine: pip install "
                           "'megatron-maspo[te]' on a CUDA machine; or use attention_backend="
                           "'packed_sdpa'") from e
-    if not torch.cuda.is_available():
+    if not on_cuda():
         raise RuntimeError("model.attention_backend='te' needs a CUDA device (Transformer Engine has no "
                            "CPU kernels); use attention_backend='packed_sdpa'")
 

@@ -36,6 +36,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_maspo.parallel.device import on_cuda
+
 ReduceOp = dist.ReduceOp
 
 
@@ -51,7 +53,7 @@ def active(group: Any = None) -> bool:
 
 def default_backend(world_size: int | None = None) -> str:
     """``"nccl"`` when CUDA is present (and has a GPU per local rank), else ``"gloo"``."""
-    if not torch.cuda.is_available():
+    if not on_cuda():
         return "gloo"
     if world_size is not None and world_size > torch.cuda.device_count():
         return "gloo"  # NCCL refuses two ranks on one GPU; gloo ranks may share one
@@ -64,7 +66,7 @@ def bind_local_device(local_rank: int | None = None) -> torch.device:
     Must run before the process group, the model or any CUDA tensor exists: without it every rank of
     a node allocates on GPU 0 and NCCL sees duplicate devices.
     """
-    if not torch.cuda.is_available():
+    if not on_cuda():
         return torch.device("cpu")
     idx = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
     n = torch.cuda.device_count()
@@ -111,7 +113,7 @@ def comm_device(group: Any = None) -> torch.device:
     if "cpu" in types:
         return torch.device("cpu")
     dev_type = "cuda" if "cuda" in types else sorted(types)[0]
-    if dev_type == "cuda" and torch.cuda.is_available():
+    if dev_type == "cuda" and on_cuda():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device(dev_type)
 

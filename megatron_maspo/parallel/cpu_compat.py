@@ -10,8 +10,11 @@ Parts:
     dev      ``torch.cuda.current_device()`` -> CPU device (Megatron passes it as ``device=``).
     sync     no-op synchronize / streams / events.
     mode     a TorchFunctionMode that redirects ``device="cuda"`` factories and ``.cuda()`` to CPU.
-             ``Tensor.type()`` is spoofed to ``torch.cuda.*`` only with ``spoof_tensor_type=True``
-             (Megatron's optimizers assert on it); keep it off elsewhere so it cannot hide a GPU path.
+             ``Tensor.type()`` is spoofed to ``torch.cuda.*`` only inside :func:`spoof_tensor_type`
+             (Megatron's optimizers assert on it); off elsewhere so it cannot hide a GPU path.
+    spoof    Megatron's optimizer methods that assert ``torch.cuda.*`` type strings (construction,
+             ``step``, and the checkpoint methods) run inside :func:`spoof_tensor_type`, so product
+             code never needs the spoof itself.
     rngfns   CUDA RNG-state functions -> CPU ones (activation recompute saves/restores them).
     a2a      ``all_to_all_single`` accepts split sizes given as tensors (Megatron's alltoall MoE
              dispatcher keeps them as host tensors when they are already on CPU; the CPU build's
@@ -31,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 
 logger = logging.getLogger(__name__)
 
-ALL_PARTS = ("rng", "dev", "sync", "mode", "rngfns", "a2a")
+ALL_PARTS = ("rng", "dev", "sync", "mode", "rngfns", "a2a", "spoof")
 _applied: set[str] = set()
 _mode: _CudaToCpuMode | None = None
 _spoof = threading.local()
@@ -189,6 +192,36 @@ def _apply_a2a() -> None:
     dist.all_to_all_single = all_to_all_single  # Megatron looks it up on the module at call time
 
 
+# Megatron optimizer methods whose bodies compare ``Tensor.type()`` with ``torch.cuda.*`` names
+# (megatron/core/optimizer/{optimizer,distrib_optimizer,clip_grads}.py), directly or through a callee.
+_SPOOFED_METHODS = ("__init__", "step", "sharded_state_dict", "load_state_dict",
+                    "_init_optimizer_states_with_dummy_values")
+
+
+def _spoofed(fn: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with spoof_tensor_type():
+            return fn(*args, **kwargs)
+
+    wrapper._maspo_cpu = True  # type: ignore[attr-defined]
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(fn, "__name__", "spoofed")
+    return wrapper
+
+
+def _apply_spoof() -> None:
+    from megatron.core.optimizer import distrib_optimizer, optimizer
+
+    classes = [optimizer.MegatronOptimizer, optimizer.MixedPrecisionOptimizer,
+               optimizer.Float16OptimizerWithFloat16Params, optimizer.FP32Optimizer,
+               optimizer.ChainedOptimizer, distrib_optimizer.DistributedOptimizer]
+    for cls in classes:
+        for name in _SPOOFED_METHODS:
+            fn = cls.__dict__.get(name)  # only what the class itself defines; subclasses wrap their own
+            if callable(fn) and not getattr(fn, "_maspo_cpu", False):
+                setattr(cls, name, _spoofed(fn))
+
+
 _PARTS = {
     "rng": _apply_rng,
     "dev": _apply_dev,
@@ -196,6 +229,7 @@ _PARTS = {
     "mode": _apply_mode,
     "rngfns": _apply_rngfns,
     "a2a": _apply_a2a,
+    "spoof": _apply_spoof,
 }
 
 

@@ -10,8 +10,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.distributed as dist
+
+from megatron_maspo.parallel.device import install_cpu_bench
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +108,7 @@ def init_parallel(
 
     validate_layout(dist.get_world_size(), tp, pp, ep)
     if cpu_compat:
-        from megatron_maspo.parallel.cpu_compat import apply_cpu_compat
-
-        apply_cpu_compat()
+        install_cpu_bench()
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(
@@ -147,10 +146,3 @@ def destroy_parallel() -> None:
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
-
-
-def default_device() -> torch.device:
-    """The device this process computes on: the local CUDA device, else CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from megatron_maspo.parallel import comm
+from megatron_maspo.parallel.device import on_cuda
 
 
 def free_port() -> int:
@@ -47,7 +48,7 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, timeou
     torch.set_num_threads(1)
     backend = backend or comm.default_backend(world_size)
     kw = {}
-    if torch.cuda.is_available():  # one GPU per rank (NCCL), or ranks sharing GPUs round-robin (gloo)
+    if on_cuda():  # one GPU per rank (NCCL), or ranks sharing GPUs round-robin (gloo)
         if backend == "nccl":
             kw["device_id"] = comm.bind_local_device(rank)
         else:

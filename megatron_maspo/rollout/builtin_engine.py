@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from megatron_maspo.parallel.device import on_cuda
 from megatron_maspo.rollout.buckets import Bucket, unpack_bucket
 from megatron_maspo.rollout.fused_experts import fused_slot, pieces_per_fused
 from megatron_maspo.rollout.routing import RoutingRecorder
@@ -240,7 +241,7 @@ class BuiltinEngine:
 
 def default_engine_device() -> torch.device:
     """The current CUDA device when CUDA is present (``set_device(LOCAL_RANK)`` picks it), else the CPU."""
-    if torch.cuda.is_available():
+    if on_cuda():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

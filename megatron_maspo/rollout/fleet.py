@@ -106,10 +106,11 @@ def rollout_tp_of(rollout_cfg) -> int:
     return rollout_cfg.vllm_tp if rollout_cfg.engine == "vllm" else 1
 
 
-def build_fleet(cfg, world: int | None = None) -> FleetLayout:
-    """The layout for a root ``MaspoConfig`` on ``world`` processes (default ``cfg.parallel.world_size``)."""
-    p = cfg.parallel
-    return FleetLayout(world=p.world_size if world is None else world, rollout_tp=rollout_tp_of(cfg.rollout),
+def build_fleet(parallel, rollout, world: int | None = None) -> FleetLayout:
+    """The layout for a run's ``parallel`` and ``rollout`` sections on ``world`` processes (default
+    ``parallel.world_size``)."""
+    p = parallel
+    return FleetLayout(world=p.world_size if world is None else world, rollout_tp=rollout_tp_of(rollout),
                        tp=p.tp, pp=p.pp, ep=p.ep)
 
 

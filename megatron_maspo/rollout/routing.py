@@ -8,7 +8,7 @@ indices ``[B·T, k]`` per layer, and :meth:`RoutingRecorder.per_row` lays them o
         prompt positions (left padding dropped), then the generated tokens that were fed back.
 
 The last generated token is never fed to the model, and its hidden state predicts nothing the loss
-uses, so it has no entry; the trainer fills such positions with its own routing (``train/routing_replay.py``).
+uses, so it has no entry; the trainer fills such positions with its own routing (``train/actor/routing_replay.py``).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from megatron_maspo.parallel.device import on_cuda
 from megatron_maspo.rollout.buckets import (
     Bucket,
     TensorMeta,
@@ -161,7 +162,7 @@ class VllmEngine:
         self._pool: Any = None  # CPU ipc: shared buffers kept across syncs (bucket_pool)
 
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # loopback only: no network on the rollout box
-        self._on_gpu = torch.cuda.is_available()
+        self._on_gpu = on_cuda()
         self._asleep = 0
         kwargs: dict[str, Any] = dict(
             model=model_dir, skip_tokenizer_init=True, dtype=dtype, load_format=load_format, seed=seed,
@@ -184,13 +185,14 @@ class VllmEngine:
         """``{hf_name: crc32}`` of the tensors the workers received in the last sync (first worker)."""
 
     @classmethod
-    def from_config(cls, cfg: Any, spec: Any, tokenizer: Any = None) -> VllmEngine:
-        """Engine for a run: dummy weights (the first sync fills them), settings from ``cfg.rollout``.
+    def from_settings(cls, rollout: Any, spec: Any, *, bf16: bool, seed: int) -> VllmEngine:
+        """Engine for a run: dummy weights (the first sync fills them), settings from ``rollout``.
 
         Args:
-            cfg: the root ``MaspoConfig``.
+            rollout: the run's ``RolloutConfig`` (vLLM TP, memory, KV cache, transport).
             spec: the ``ArchSpec``; its HF ``config.json`` is written to a fresh temporary directory.
-            tokenizer: unused (token ids in and out); accepted for a uniform builder signature.
+            bf16: ``model.bf16`` (the engine's dtype follows the trainer's).
+            seed: ``train.seed``.
         """
         import json
         import tempfile
@@ -200,11 +202,11 @@ class VllmEngine:
         model_dir = tempfile.mkdtemp(prefix="maspo_vllm_")
         with open(os.path.join(model_dir, "config.json"), "w") as f:
             json.dump(hf_config_dict(spec), f)
-        return cls(model_dir, dtype="bfloat16" if cfg.model.bf16 else "float32", load_format="dummy",
-                   seed=cfg.train.seed, max_model_len=spec.max_position_embeddings,
-                   gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
-                   cpu_kv_cache_bytes=cfg.rollout.vllm_cpu_kv_cache_mb * 2**20,
-                   tensor_parallel_size=cfg.rollout.vllm_tp, transport=cfg.rollout.weight_transport)
+        return cls(model_dir, dtype="bfloat16" if bf16 else "float32", load_format="dummy",
+                   seed=seed, max_model_len=spec.max_position_embeddings,
+                   gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
+                   cpu_kv_cache_bytes=rollout.vllm_cpu_kv_cache_mb * 2**20,
+                   tensor_parallel_size=rollout.vllm_tp, transport=rollout.weight_transport)
 
     @property
     def policy_version(self) -> int:

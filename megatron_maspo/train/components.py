@@ -1,6 +1,8 @@
-"""Build the pieces the RL loop needs from a config: tokenizer + architecture, engine, data order.
+"""Build the pieces the RL loop needs from the root config: policy source, actor, engine, rollout side.
 
-Kept apart from ``loop.py`` so the loop reads like pseudo-code and each factory can be tested alone.
+These builders are the only functions under ``train/`` that take the root :class:`MaspoConfig`: each
+hands every component just the config sections it uses. Kept apart from ``loop.py`` so the loop reads
+like pseudo-code and each factory can be tested alone.
 """
 
 from __future__ import annotations
@@ -11,9 +13,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoTokenizer
 
 from megatron_maspo.config import MaspoConfig
+from megatron_maspo.conversion.dist_ckpt import load_model_checkpoint
+from megatron_maspo.conversion.hf_to_megatron import load_hf_weights
+from megatron_maspo.data.tokenizer import build_byte_tokenizer
+from megatron_maspo.model.hf_config import arch_spec_from_hf, hf_config_dict
+from megatron_maspo.model.moe import check_model_layout
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
+from megatron_maspo.reward.math_reward import MathReward
+from megatron_maspo.rollout.builtin_engine import BuiltinEngine
+from megatron_maspo.rollout.fleet import build_fleet
+from megatron_maspo.train.actor.inference import InferencePolicy
+from megatron_maspo.train.actor.megatron_actor import MegatronActor
+from megatron_maspo.train.rollouts.shard import EngineShard
+from megatron_maspo.train.rollouts.side import RolloutSide
 
 logger = logging.getLogger(__name__)
 
@@ -29,16 +44,12 @@ def build_policy_source(cfg: MaspoConfig, groups) -> tuple[Any, ArchSpec, Any]:
         FileNotFoundError: the HF folder or its config.json is missing.
     """
     if cfg.model.source == "tiny":
-        from megatron_maspo.data.tokenizer import build_byte_tokenizer
 
         tok = build_byte_tokenizer()
         spec = tiny_qwen2_spec(vocab_size=len(tok), num_layers=cfg.model.tiny_num_layers,
                                hidden_size=cfg.model.tiny_hidden_size)
         ckpt = cfg.model.megatron_checkpoint
         return tok, spec, (partial(_load_megatron, path=ckpt) if ckpt else None)
-    from transformers import AutoTokenizer
-
-    from megatron_maspo.model.hf_config import arch_spec_from_hf
 
     src = Path(cfg.model.source)
     if not (src / "config.json").is_file():
@@ -46,9 +57,7 @@ def build_policy_source(cfg: MaspoConfig, groups) -> tuple[Any, ArchSpec, Any]:
                                 "with config.json")
     tok = AutoTokenizer.from_pretrained(str(src))
     spec = arch_spec_from_hf(str(src))
-    from megatron_maspo.model.moe import check_model_layout
-
-    check_model_layout(cfg, spec)  # e.g. MoE at TP > 1 without sequence parallelism: one-line error
+    check_model_layout(cfg.model, cfg.parallel, spec)  # e.g. MoE at TP > 1 without sequence parallelism: one-line error
     if cfg.model.megatron_checkpoint:
         init = partial(_load_megatron, path=cfg.model.megatron_checkpoint)
     else:
@@ -58,26 +67,20 @@ def build_policy_source(cfg: MaspoConfig, groups) -> tuple[Any, ArchSpec, Any]:
 
 def _load_megatron(chunks, *, path):
     """Initial weights from a Megatron dist-checkpoint (any TP/PP layout), before DDP and optimizer."""
-    from megatron_maspo.conversion.dist_ckpt import load_model_checkpoint
-
     if not Path(path).is_dir():
         raise FileNotFoundError(f"model.megatron_checkpoint={path!r}: no such checkpoint folder")
     load_model_checkpoint(chunks, path)
 
 
 def _load_hf(chunks, *, spec, groups, src):
-    from megatron_maspo.conversion.hf_to_megatron import load_hf_weights
 
     load_hf_weights(chunks, spec, groups, src)
 
 
 def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any):
     """The rollout engine (on the sending rank only). Weights arrive through the first sync."""
-    from megatron_maspo.model.hf_config import hf_config_dict
-
     hf_cfg = hf_config_dict(spec)
     if cfg.rollout.engine == "builtin":
-        from megatron_maspo.rollout.builtin_engine import BuiltinEngine
 
         dtype = torch.bfloat16 if cfg.model.bf16 else torch.float32
         engine = BuiltinEngine.from_hf_config(hf_cfg, dtype=dtype)
@@ -85,33 +88,32 @@ def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any):
         return engine
     from megatron_maspo.rollout.vllm_engine import VllmEngine
 
-    return VllmEngine.from_config(cfg, spec, tokenizer)
+    return VllmEngine.from_settings(cfg.rollout, spec, bf16=cfg.model.bf16, seed=cfg.train.seed)
 
 
-class PromptOrder:
-    """Deterministic epoch-wise shuffled order over the dataset; its state is two integers."""
+def build_actor(cfg: MaspoConfig, spec: ArchSpec, groups, *, init_weights=None, memory_phase=None):
+    """The training actor, given the sections it reads (model, parallel, optim, loss, train, τ)."""
+    return MegatronActor(spec, groups, model=cfg.model, parallel=cfg.parallel, optim=cfg.optim,
+                         loss=cfg.loss, train=cfg.train, temperature=cfg.rollout.temperature,
+                         init_weights=init_weights, memory_phase=memory_phase)
 
-    def __init__(self, n: int, seed: int, epoch: int = 0, cursor: int = 0) -> None:
-        if n < 1:
-            raise ValueError("the prompt dataset is empty")
-        self.n, self.seed, self.epoch, self.cursor = n, seed, epoch, cursor
-        self._perm = self._permutation()
 
-    def _permutation(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return torch.randperm(self.n, generator=g).tolist()
+def build_inference_policy(cfg: MaspoConfig, spec: ArchSpec, groups, *, init_weights=None):
+    """The frozen policy of ``maspo eval`` (model and parallel sections only)."""
+    return InferencePolicy(spec, groups, model=cfg.model, parallel=cfg.parallel, init_weights=init_weights)
 
-    def take(self, k: int) -> list[int]:
-        """The next ``k`` dataset indices, reshuffling at each epoch boundary."""
-        out = []
-        while len(out) < k:
-            if self.cursor >= self.n:
-                self.epoch, self.cursor = self.epoch + 1, 0
-                self._perm = self._permutation()
-            out.append(self._perm[self.cursor])
-            self.cursor += 1
-        return out
 
-    def state(self) -> dict[str, int]:
-        """Resumable position: ``{"epoch", "cursor"}``."""
-        return {"epoch": self.epoch, "cursor": self.cursor}
+def build_rollout_side(cfg: MaspoConfig, *, rank: int, world: int, spec: ArchSpec, tokenizer: Any,
+                       examples: list, state: dict, version_offset: int, meters):
+    """The fleet layout, this rank's engine shard (engine + grader where it owns an engine), the side."""
+    fleet = build_fleet(cfg.parallel, cfg.rollout, world)  # the same object the planner reads
+    engine_id = fleet.engine_of(rank)
+    shard = None
+    if engine_id is not None:
+        shard = EngineShard(build_engine(cfg, spec, tokenizer), engine_id=engine_id, fleet=fleet,
+                            tokenizer=tokenizer, examples=examples, grader=MathReward(cfg.reward),
+                            rollout=cfg.rollout, seed=cfg.train.seed,
+                            overlong_buffer=cfg.train.overlong_buffer, version_offset=version_offset,
+                            meters=meters)
+    return RolloutSide(shard, fleet, num_examples=len(examples), rollout=cfg.rollout, train=cfg.train,
+                       state=state, version_offset=version_offset)

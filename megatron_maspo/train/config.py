@@ -95,6 +95,10 @@ class TrainConfig:
             raise ValueError("train.sft_steps and train.overlong_buffer must be >= 0")
 
 
+CHECKPOINT_SUBDIR = "checkpoints"
+"""Checkpoints live in ``<checkpoint.run_dir>/checkpoints/step_<k>``."""
+
+
 @dataclass(kw_only=True)
 class CheckpointConfig:
     """Where and how often training state is saved."""

@@ -13,8 +13,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from megatron_maspo.config import MaspoConfig
+from megatron_maspo.data.config import DataConfig
+from megatron_maspo.eval.config import EvalConfig
+from megatron_maspo.eval.datasets import eval_datasets
 from megatron_maspo.eval.metrics import table_ks
+from megatron_maspo.eval.runner import evaluate
+from megatron_maspo.rollout.config import RolloutConfig
+from megatron_maspo.rollout.types import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -22,16 +27,14 @@ logger = logging.getLogger(__name__)
 class TrainingEval:
     """Builds the held-out sets once (on the engine's rank) and evaluates on schedule."""
 
-    def __init__(self, cfg: MaspoConfig, tokenizer: Any, *, is_engine_rank: bool) -> None:
-        self.cfg, self.tokenizer = cfg, tokenizer
-        self.ec = cfg.eval
+    def __init__(self, ec: EvalConfig, data: DataConfig, rollout: RolloutConfig, *, seed: int,
+                 tokenizer: Any, is_engine_rank: bool) -> None:
+        self.ec, self.rollout, self.seed, self.tokenizer = ec, rollout, seed, tokenizer
         self.datasets: dict = {}
         self.dropped: dict[str, int] = {}
         if self.ec.every and is_engine_rank:
-            from megatron_maspo.eval.datasets import eval_datasets
-
             self.datasets, self.dropped = eval_datasets(
-                cfg.data, tokenizer, files=self.ec.data, benchmarks=self.ec.benchmarks,
+                data, tokenizer, files=self.ec.data, benchmarks=self.ec.benchmarks,
                 num_problems=self.ec.num_problems)
 
     def due(self, step: int, *, final: bool = False) -> bool:
@@ -42,13 +45,10 @@ class TrainingEval:
         """``eval/*`` metrics of the engine's current weights; ``{}`` off the engine's rank."""
         if engine is None or not self.datasets:
             return {}
-        from megatron_maspo.eval.runner import evaluate
-        from megatron_maspo.rollout.types import SamplingParams
-
-        rc, ec = self.cfg.rollout, self.ec
+        rc, ec = self.rollout, self.ec
         params = SamplingParams(n=ec.k, temperature=rc.temperature if ec.temperature is None else ec.temperature,
                                 top_p=rc.top_p, max_tokens=ec.max_new_tokens or rc.max_new_tokens,
-                                stop_token_ids=[self.tokenizer.eos_token_id], seed=self.cfg.train.seed + 17)
+                                stop_token_ids=[self.tokenizer.eos_token_id], seed=self.seed + 17)
         report = evaluate(engine, self.datasets, k=ec.k, sampling=params, grader=grader,
                           tokenizer=self.tokenizer, pass_ks=table_ks(ec.k), dropped=self.dropped,
                           dropped_as_wrong=ec.dropped_as_wrong)

@@ -8,17 +8,15 @@ unchanged; only the learning rate differs, set directly and restored from the sc
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
 import torch
 
-from megatron_maspo.config import MaspoConfig
 from megatron_maspo.loss.config import LossConfig
-from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
-from megatron_maspo.train.packing import plan_mini_batch, trim_lengths
-from megatron_maspo.train.samples import Sample
+from megatron_maspo.train.actor.packing import plan_mini_batch, trim_lengths
+from megatron_maspo.train.actor.samples import Sample
+from megatron_maspo.train.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +32,12 @@ def sft_samples(examples: list, tokenizer: Any, idx: list[int]) -> list[Sample]:
     return out
 
 
-def sft_warm_start(actor: Any, examples: list, tokenizer: Any, cfg: MaspoConfig, *, rank: int,
+def sft_warm_start(actor: Any, examples: list, tokenizer: Any, tc: TrainConfig, *, rank: int,
                    progress: Any = None) -> dict[str, float]:
-    """``cfg.train.sft_steps`` supervised steps at ``cfg.train.sft_lr``; returns the last step's metrics.
+    """``tc.sft_steps`` supervised steps at ``tc.sft_lr``; returns the last step's metrics.
 
-    ``progress``: a :class:`~megatron_maspo.train.progress.Progress` to show the steps on (or None).
+    ``progress``: a :class:`~megatron_maspo.train.observe.progress.Progress` to show the steps on (or None).
     """
-    tc = cfg.train
     g = torch.Generator().manual_seed(tc.seed + 17)
     batch = tc.prompts_per_step * 2
     it: Any = range(tc.sft_steps)
@@ -49,18 +46,18 @@ def sft_warm_start(actor: Any, examples: list, tokenizer: Any, cfg: MaspoConfig,
     metrics: dict[str, float] = {}
     # The warm start must not depend on the RL method: PPO-clip at rho = 1 has exactly the NLL gradient,
     # whereas e.g. QUATRO's per-prompt terms do not. Swap the loss for the warm start only.
-    rl_cfg = actor.cfg
-    actor.cfg = dataclasses.replace(rl_cfg, loss=LossConfig(method="grpo", aggregation="token-mean"))
+    rl_loss = actor.loss_cfg
+    actor.loss_cfg = LossConfig(method="grpo", aggregation="token-mean")
     try:
         metrics = _sft_steps(actor, examples, tokenizer, tc, it, g, batch)
     finally:
-        actor.cfg = rl_cfg
+        actor.loss_cfg = rl_loss
     actor.scheduler.step(increment=0)  # back to the RL learning rate (see below on Adam's moments)
     logger.info("sft warm start: %d steps done", tc.sft_steps)
     return metrics
 
 
-def _sft_steps(actor: Any, examples: list, tokenizer: Any, tc: Any, it: Any, g: torch.Generator,
+def _sft_steps(actor: Any, examples: list, tokenizer: Any, tc: TrainConfig, it: Any, g: torch.Generator,
                batch: int) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for _ in it:
@@ -75,8 +72,7 @@ def _sft_steps(actor: Any, examples: list, tokenizer: Any, tc: Any, it: Any, g: 
         ctx = actor.forward_backward(samples, plan)
         for group in actor.optimizer.param_groups:
             group["lr"] = tc.sft_lr
-        with spoof_tensor_type():
-            actor.optimizer.step()
+        actor.optimizer.step()
         metrics = {k: float(v) for k, v in ctx.metrics.items()} if ctx.metrics else {}
     # Adam's moments are kept for RL: reset moments make the first RL updates ~lr per parameter
     # whatever the gradient (sign-like), which wrecked the warm-started policy.

@@ -13,9 +13,10 @@ from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
 from megatron_maspo.parallel.config import ParallelConfig
 from megatron_maspo.parallel.groups import ParallelGroups, init_parallel
 from megatron_maspo.rollout.config import RolloutConfig
-from megatron_maspo.train.actor import MegatronActor
+from megatron_maspo.train import components
+from megatron_maspo.train.actor.megatron_actor import MegatronActor
+from megatron_maspo.train.actor.samples import Sample
 from megatron_maspo.train.config import OptimConfig, TrainConfig
-from megatron_maspo.train.samples import Sample
 
 VOCAB = 101  # padded to 128·tp: exercises the padded-row masking
 
@@ -154,4 +155,4 @@ def build_actor(world: int, tp: int = 1, pp: int = 1, ep: int = 1, *, spec: Arch
     spec = spec or qwen2_spec()
     groups = init_parallel(tp=tp, pp=pp, ep=ep, seed=11)
     cfg = make_cfg(world, tp, pp, ep, **cfg_kw)
-    return MegatronActor(cfg, spec, groups, init_weights=name_init(spec, groups))
+    return components.build_actor(cfg, spec, groups, init_weights=name_init(spec, groups))

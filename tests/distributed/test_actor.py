@@ -66,7 +66,11 @@ def _reference_worker(rank: int, world: int) -> dict:
 
 
 def _two_rank_worker(rank: int, world: int, ckpt_dir: str) -> dict:
-    from megatron_maspo.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+    from megatron_maspo.train.actor.checkpoint import (
+        list_checkpoints,
+        load_checkpoint,
+        save_checkpoint,
+    )
 
     res: dict = {}
     actor = H.build_actor(world, tp=2)

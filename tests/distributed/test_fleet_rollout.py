@@ -25,25 +25,21 @@ def _cfg(run_dir: str):
 
 
 def _worker(rank: int, world: int, run_dir: str):
-    from megatron_maspo.reward.math_reward import MathReward
     from megatron_maspo.train.loop import Trainer
+    from megatron_maspo.train.rollouts.shard import fleet_metrics
 
     tr = Trainer(_cfg(f"{run_dir}/w{world}"))
-    tr.reward_fn = MathReward(tr.cfg.reward) if tr.engine is not None else None
+    side = tr.rollouts
     try:
         tr.sync()  # the initial sync: every engine from its own replica
-        tr.timings = {"time/generate": 0.0, "time/grade": 0.0}
-        tr.engine_rounds = []
-        idx = tr.order.take(tr.cfg.train.prompts_per_step)
-        groups = tr.generate(idx, step=0, round_=0)
+        idx = side.order.take(tr.cfg.train.prompts_per_step)
+        groups = side._round(idx, step=0, round_=0)
     finally:
-        if tr.reward_fn is not None:
-            tr.reward_fn.close()
-    from megatron_maspo.train.fleet_rollout import fleet_metrics
-
-    return {"engine": tr.engine_id, "idx": idx,
-            "rounds": [(r.engine, r.prompts, r.version) for r in tr.engine_rounds],
-            "metrics": fleet_metrics(tr.engine_rounds, tr.fleet.num_engines),
+        side.close()
+    rounds = side._rounds
+    return {"engine": side.shard.engine_id if side.shard else None, "idx": idx,
+            "rounds": [(r.engine, r.prompts, r.version) for r in rounds],
+            "metrics": fleet_metrics(rounds, side.fleet.num_engines),
             "groups": [(g.prompt_index, [c.token_ids for c in g.completions_G],
                         [c.logprobs for c in g.completions_G], g.rewards_G) for g in groups]}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_maspo.train.optimizer import grads_finite, prefer_fused_adam
+from megatron_maspo.train.actor.optimizer import grads_finite, prefer_fused_adam
 from tests.distributed import _actor_helpers as H
 from tests.distributed._launch import run_workers
 from tests.distributed.test_actor import _close_after_adam

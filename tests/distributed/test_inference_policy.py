@@ -10,20 +10,19 @@ from tests.distributed._actor_helpers import make_cfg, make_samples, name_init, 
 
 def _worker(rank: int, world: int, ckpt: str) -> dict:
     from megatron_maspo.parallel.groups import init_parallel
-    from megatron_maspo.train.actor import MegatronActor
-    from megatron_maspo.train.checkpoint import load_checkpoint, save_checkpoint
-    from megatron_maspo.train.inference import InferencePolicy
+    from megatron_maspo.train.actor.checkpoint import load_checkpoint, save_checkpoint
+    from megatron_maspo.train.components import build_actor, build_inference_policy
 
     cfg, spec = make_cfg(world, tp=2), qwen2_spec()
     groups = init_parallel(tp=2)
-    actor = MegatronActor(cfg, spec, groups, init_weights=name_init(spec, groups))
+    actor = build_actor(cfg, spec, groups, init_weights=name_init(spec, groups))
     actor.train_step(make_samples())  # weights move away from the init
     save_checkpoint(actor, ckpt, step=1)
     trained = {k: v.detach().clone() for k, v in actor.named_modules_unwrapped()[0].state_dict().items()
                if isinstance(v, torch.Tensor)}
     grad_bytes = sum(b.grad_data.numel() * b.grad_data.element_size() for c in actor.chunks
                      for b in c.buffers)
-    policy = InferencePolicy(cfg, spec, groups, init_weights=name_init(spec, groups))
+    policy = build_inference_policy(cfg, spec, groups, init_weights=name_init(spec, groups))
     load_checkpoint(policy, f"{ckpt}/step_1", load_optimizer=False)
     (model,) = policy.named_modules_unwrapped()
     same = all(torch.equal(v, trained[k]) for k, v in model.state_dict().items()

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_maspo.parallel.groups import init_parallel
-from megatron_maspo.train.actor import MegatronActor
+from megatron_maspo.train.components import build_actor
 from tests.distributed import _actor_helpers as H
 from tests.distributed._launch import run_workers
 
@@ -24,7 +24,7 @@ def _run(world: int, ep: int, dispatcher: str) -> dict:
     groups = init_parallel(ep=ep, seed=11)
     cfg = H.make_cfg(world, ep=ep)
     cfg.model.moe_dispatcher = dispatcher
-    actor = MegatronActor(cfg, spec, groups, init_weights=H.name_init(spec, groups))
+    actor = build_actor(cfg, spec, groups, init_weights=H.name_init(spec, groups))
     samples = H.make_samples()
     out = {"dispatcher": actor.chunks[0].config.moe_token_dispatcher_type,
            "lp": actor.compute_logprobs(samples)[0]}

@@ -15,7 +15,7 @@ import torch
 
 from megatron_maspo.model.provider import ModelBuildOptions, build_model_chunks
 from megatron_maspo.parallel.groups import init_parallel
-from megatron_maspo.train.actor import MegatronActor
+from megatron_maspo.train.components import build_actor
 from tests.distributed import _actor_helpers as H
 from tests.distributed._launch import run_workers
 
@@ -32,7 +32,7 @@ def _case(world: int, fields: dict) -> dict:
     cfg = H.make_cfg(world, ep=2, mini_batches=1)
     for k, v in fields.items():
         setattr(cfg.model, k, v)
-    actor = MegatronActor(cfg, spec, groups, init_weights=H.name_init(spec, groups))
+    actor = build_actor(cfg, spec, groups, init_weights=H.name_init(spec, groups))
     samples = H.make_samples()
     for s in samples:
         s.advantage = 0.0

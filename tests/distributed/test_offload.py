@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from megatron_maspo.train.offload import CATEGORIES, StateOffloader, training_tensors
+from megatron_maspo.train.actor.offload import CATEGORIES, StateOffloader, training_tensors
 from tests.distributed import _actor_helpers as H
 from tests.distributed._launch import run_workers
 

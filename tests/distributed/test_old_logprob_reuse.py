@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from megatron_maspo.parallel.groups import init_parallel
-from megatron_maspo.train.actor import MegatronActor
+from megatron_maspo.train.actor.megatron_actor import MegatronActor
+from megatron_maspo.train.components import build_actor
 from tests.distributed import _actor_helpers as H
 from tests.distributed._launch import run_workers
 from tests.distributed.test_actor import _close_after_adam
@@ -28,7 +29,7 @@ def _actor(world: int, *, recompute: bool, kl: float = 0.0, mini_batches: int = 
     cfg = H.make_cfg(world, mini_batches=mini_batches, check_first_ratio=recompute,
                      reference_model=kl > 0, **layout)
     cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, kl_coef=kl))
-    return MegatronActor(cfg, spec, groups, init_weights=H.name_init(spec, groups))
+    return build_actor(cfg, spec, groups, init_weights=H.name_init(spec, groups))
 
 
 def _run(actor: MegatronActor) -> dict:

@@ -23,13 +23,13 @@ BACKENDS = ("dense_mask", "packed_sdpa")
 
 def _one(world: int, backend: str, tp: int = 1, pp: int = 1) -> dict:
     from megatron_maspo.parallel.groups import init_parallel
-    from megatron_maspo.train.actor import MegatronActor
+    from megatron_maspo.train.components import build_actor
 
     cfg = H.make_cfg(world, tp, pp, budget=72)
     cfg.model.attention_backend = backend
     spec = H.qwen2_spec()
     groups = init_parallel(tp=tp, pp=pp, seed=11)
-    actor = MegatronActor(cfg, spec, groups, init_weights=H.name_init(spec, groups))
+    actor = build_actor(cfg, spec, groups, init_weights=H.name_init(spec, groups))
     samples = H.make_samples()
     plans, _, _ = actor.plan(samples)
     out: dict = {"seq_lens": [mb.seq_lens for p in plans for mb in p.micro_batches]}

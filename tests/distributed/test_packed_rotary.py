@@ -21,8 +21,8 @@ def _logprobs(model, tokens: list[int], seq_lens: list[int], resp_start: int,
     """Log-probs of the last sequence's response tokens through the actor's hidden→log-prob pass."""
     from megatron_maspo.model.packed_attention import build_packed_seq_params
     from megatron_maspo.parallel.logprobs import vocab_parallel_logprobs_from_hidden
-    from megatron_maspo.train.forward import hidden_output, output_weight
-    from megatron_maspo.train.packing import block_causal_mask, cu_seqlens
+    from megatron_maspo.train.actor.forward import hidden_output, output_weight
+    from megatron_maspo.train.actor.packing import block_causal_mask, cu_seqlens
 
     ids = torch.tensor(tokens).view(1, -1)
     pos = torch.cat([torch.arange(n) for n in seq_lens]).view(1, -1)

@@ -1,4 +1,4 @@
-"""The planner's per-category memory against what ``train/offload.py`` actually moves on a CPU run.
+"""The planner's per-category memory against what ``train/actor/offload.py`` actually moves on a CPU run.
 
 A tiny model is built and trained one step by the real actor (Megatron DDP, optimizer, frozen reference
 model; fp32 on 1 gloo rank, bf16 with fp32 master copies and the distributed optimizer on 2); the offloader then moves every category and reports its bytes
@@ -14,7 +14,7 @@ import pytest
 
 from megatron_maspo.launch.plan import GIB, estimate, layout_of
 from megatron_maspo.model.spec import tiny_qwen2_spec
-from megatron_maspo.train.offload import CATEGORIES, StateOffloader, training_tensors
+from megatron_maspo.train.actor.offload import CATEGORIES, StateOffloader, training_tensors
 from tests.distributed import _actor_helpers as H
 from tests.distributed._launch import run_workers
 

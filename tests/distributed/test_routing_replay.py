@@ -50,9 +50,9 @@ def _ep2_worker(rank: int, world: int, d: str) -> dict:
     from megatron_maspo.parallel.groups import init_parallel
     from megatron_maspo.rollout.builtin_engine import BuiltinEngine
     from megatron_maspo.rollout.types import SamplingParams
-    from megatron_maspo.train.actor import MegatronActor
+    from megatron_maspo.train.actor.samples import Sample
+    from megatron_maspo.train.components import build_actor
     from megatron_maspo.train.config import TrainConfig
-    from megatron_maspo.train.samples import Sample
 
     # transformers saves on the main process only: rank 0 writes, everyone reads after a barrier
     model, hf_cfg = make_tiny_hf_model("qwen3_moe", d if rank == 0 else None, seed=0, num_hidden_layers=4)
@@ -62,7 +62,7 @@ def _ep2_worker(rank: int, world: int, d: str) -> dict:
     cfg = MaspoConfig(model=ModelConfig(routing_replay="all"),
                       parallel=ParallelConfig(ep=2, world_size=world),
                       train=TrainConfig(mini_batches_per_step=1, max_tokens_per_micro_batch=1 << 16))
-    actor = MegatronActor(cfg, spec, groups, init_weights=partial(
+    actor = build_actor(cfg, spec, groups, init_weights=partial(
         load_hf_weights, spec=spec, groups=groups, source=d))
     engine = BuiltinEngine(copy.deepcopy(model).to(torch.bfloat16), device="cpu")
     engine.record_routing = True

@@ -38,7 +38,7 @@ def test_exception_on_one_rank_ends_the_job_with_its_traceback(tmp_path):
     out, ended = _torchrun(tmp_path / "run", "rank=1,step=2,kind=raise")
     assert out.returncode != 0
     err = out.stderr
-    assert "[rank 1] megatron_maspo.train.faults.InjectedFault" in err, err[-4000:]
+    assert "[rank 1] megatron_maspo.train.process.faults.InjectedFault" in err, err[-4000:]
     assert "[rank 1]   File" in err  # the traceback itself, prefixed with the rank
     injected = float(re.search(r"injected exception on rank 1 at step 2 \(unix time ([\d.]+)\)",
                                err).group(1))

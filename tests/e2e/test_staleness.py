@@ -21,16 +21,16 @@ STALE = ["rollout.max_staleness=2", "loss.tis_cap=2.0"]
 # Runs the loop with the queue forced on at k = 0: the generate-ahead machinery with nothing ahead.
 _FORCED_QUEUE = """
 import sys
-from megatron_maspo.config import resolve_config
+from megatron_maspo.recipes.registry import resolve_config
 from megatron_maspo.parallel.groups import destroy_parallel
 from megatron_maspo.train.loop import Trainer
-from megatron_maspo.train.staleness import StalenessQueue
+from megatron_maspo.train.rollouts.staleness import StalenessQueue
 
 t = Trainer(resolve_config(None, None, sys.argv[1:]))
-assert t.pending is None, "k = 0 must not build the queue"
-t.pending = StalenessQueue(0)
+assert t.rollouts.queue is None, "k = 0 must not build the queue"
+t.rollouts.queue = StalenessQueue(0)
 t.run()
-assert len(t.pending) == 0
+assert len(t.rollouts.queue) == 0
 destroy_parallel()
 """
 

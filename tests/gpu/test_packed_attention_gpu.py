@@ -15,14 +15,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::UserWarning")
 
 def _run(world: int, backend: str, tp: int) -> dict:
     from megatron_maspo.parallel.groups import init_parallel
-    from megatron_maspo.train.actor import MegatronActor
+    from megatron_maspo.train.components import build_actor
 
     cfg = H.make_cfg(world, tp, budget=72)
     cfg.model.attention_backend = backend
     cfg.model.bf16 = True
     spec = H.qwen2_spec()
     groups = init_parallel(tp=tp, seed=11)
-    actor = MegatronActor(cfg, spec, groups, init_weights=H.name_init(spec, groups))
+    actor = build_actor(cfg, spec, groups, init_weights=H.name_init(spec, groups))
     samples = H.make_samples()
     plans, _, _ = actor.plan(samples)
     out = {"lp": actor.compute_logprobs(samples)[0],

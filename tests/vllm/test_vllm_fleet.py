@@ -29,20 +29,19 @@ def _cfg(run_dir: str):
 
 
 def _worker(rank: int, world: int, run_dir: str):
-    from megatron_maspo.reward.math_reward import MathReward
     from megatron_maspo.train.loop import Trainer
 
     tr = Trainer(_cfg(run_dir))
-    tr.reward_fn = MathReward(tr.cfg.reward)
+    engine = tr.rollouts.engine
     try:
         tr.sync()
         metrics = tr.train_one_step()
-        out = {"transport": tr.engine.transport, "crc": tr.engine.last_received_crc,
-               "rounds": [(r.engine, r.prompts, r.version) for r in tr.engine_rounds],
+        out = {"transport": engine.transport, "crc": engine.last_received_crc,
+               "rounds": [(r.engine, r.prompts, r.version) for r in tr.rollouts._rounds],
                "metrics": metrics}
     finally:
-        tr.reward_fn.close()
-        tr.engine.shutdown()
+        tr.rollouts.close()
+        engine.shutdown()
     return out
 
 

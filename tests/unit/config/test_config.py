@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_maspo.config import (
-    MaspoConfig,
-    list_recipes,
-    load_config,
-    load_recipe,
-    resolve_config,
-    save_config,
-)
+from megatron_maspo.config import MaspoConfig, load_config, save_config
+from megatron_maspo.recipes.registry import list_recipes, load_recipe, resolve_config
 
 
 def test_tiny_recipe_round_trips_through_yaml(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_maspo.config import load_config, load_recipe
+from megatron_maspo.config import load_config
 from megatron_maspo.launch.job import (
     MULTINODE_ENV,
     LaunchOptions,
@@ -14,6 +14,7 @@ from megatron_maspo.launch.job import (
     train_args,
     write_config,
 )
+from megatron_maspo.recipes.registry import load_recipe
 
 
 def test_multinode_env_defaults_are_overridable():

@@ -8,7 +8,6 @@ import math
 import pytest
 
 from megatron_maspo.cli.main import main
-from megatron_maspo.config import load_recipe
 from megatron_maspo.launch.plan import (
     GIB,
     Assumptions,
@@ -19,6 +18,7 @@ from megatron_maspo.launch.plan import (
     layout_of,
     suggest,
 )
+from megatron_maspo.recipes.registry import load_recipe
 
 
 def test_dense_7b_memory_and_time_match_hand_computation():

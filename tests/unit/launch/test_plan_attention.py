@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from megatron_maspo.cli.main import main
-from megatron_maspo.config import load_recipe
 from megatron_maspo.launch.plan import GIB, arch_of, estimate, layout_of
+from megatron_maspo.recipes.registry import load_recipe
 
 
 def _plan(recipe: str, backend: str, **train):

@@ -8,7 +8,6 @@ import dataclasses
 import pytest
 
 from megatron_maspo.cli.main import main
-from megatron_maspo.config import load_recipe
 from megatron_maspo.errors import ConfigError
 from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
 from megatron_maspo.launch.plan_cp import (
@@ -18,6 +17,7 @@ from megatron_maspo.launch.plan_cp import (
     ring_link_gb_s,
 )
 from megatron_maspo.parallel.config import ParallelConfig
+from megatron_maspo.recipes.registry import load_recipe
 from megatron_maspo.train.loop import check_layout_supported
 
 
@@ -32,10 +32,10 @@ def test_config_takes_cp_into_the_layout():
 
 def test_trainer_refuses_cp_with_a_config_error(capsys):
     cfg = load_recipe("tiny")
-    check_layout_supported(cfg)  # cp = 1: nothing to refuse
+    check_layout_supported(cfg.parallel)  # cp = 1: nothing to refuse
     cfg.parallel = dataclasses.replace(cfg.parallel, cp=2, world_size=2)
     with pytest.raises(ConfigError, match="parallel.cp=2: the trainer does not support context parallelism"):
-        check_layout_supported(cfg)
+        check_layout_supported(cfg.parallel)
     # the CLI refuses before building anything: one line, exit 2
     assert main(["train", "--recipe", "tiny", "--set", "parallel.world_size=2", "--set", "parallel.cp=2"]) == 2
     assert "does not support context parallelism" in capsys.readouterr().err

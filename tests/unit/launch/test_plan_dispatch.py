@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from megatron_maspo.cli.main import main
-from megatron_maspo.config import load_recipe
 from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
 from megatron_maspo.launch.plan_dispatch import (
     LOGPROB_IN_BYTES,
@@ -22,6 +21,7 @@ from megatron_maspo.launch.plan_dispatch import (
     measure_gb_s,
     step_dispatch_seconds,
 )
+from megatron_maspo.recipes.registry import load_recipe
 
 
 def _shard(seqs: int, length: int, train: bool) -> dict[str, torch.Tensor]:

@@ -1,6 +1,6 @@
 """Planner memory for colocated runs that offload the trainer during generation: the rollout peak drops by
 what is offloaded, the host memory it needs is reported, the train peak is unchanged. (The per-category
-bytes themselves are checked against train/offload.py's measured bytes in tests/distributed/
+bytes themselves are checked against train/actor/offload.py's measured bytes in tests/distributed/
 test_plan_memory.py.)"""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from megatron_maspo.cli.main import main
-from megatron_maspo.config import load_recipe
 from megatron_maspo.launch.plan import GIB, Assumptions, arch_of, estimate, layout_of
 from megatron_maspo.launch.plan_memory import category_bytes, offloaded_bytes
-from megatron_maspo.train.offload import CATEGORIES
+from megatron_maspo.recipes.registry import load_recipe
+from megatron_maspo.train.actor.offload import CATEGORIES
 
 
 def _plan(**train):

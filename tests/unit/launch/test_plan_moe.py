@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from megatron_maspo.config import load_recipe
 from megatron_maspo.launch.plan import Layout, arch_of, estimate, layout_of, local_params
 from megatron_maspo.model.moe import moe_summary
+from megatron_maspo.recipes.registry import load_recipe
 
 
 @pytest.fixture()
@@ -23,7 +23,7 @@ def _lay(**kw) -> Layout:
 def test_qwen3_30b_a3b_recipe_fits_with_the_trainer_moe_settings(cfg):
     spec = arch_of(cfg)
     assert estimate(cfg, spec, layout_of(cfg), nodes=4, gpus_per_node=8).fits
-    assert moe_summary(cfg) == "moe: dispatcher=alltoall load_balancing=none router=fp32 routing_replay=off"
+    assert moe_summary(cfg.model) == "moe: dispatcher=alltoall load_balancing=none router=fp32 routing_replay=off"
 
 
 def test_fine_grained_layout(cfg):

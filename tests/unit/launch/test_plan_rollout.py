@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 
 from megatron_maspo.cli.main import main
-from megatron_maspo.config import load_recipe
 from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
 from megatron_maspo.launch.plan_rollout import (
     EngineLoad,
@@ -15,6 +14,7 @@ from megatron_maspo.launch.plan_rollout import (
     generation_seconds,
     moe_touched_fraction,
 )
+from megatron_maspo.recipes.registry import load_recipe
 
 HW = dict(hbm_tb_s=2.0, decode_eff=0.5, peak_tflops=1000.0, mfu=0.5)
 LOAD = EngineLoad(seqs=10, conc=4, prompt=100, mean=200, tail=1000, weight_bytes_full=1e9,

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from megatron_maspo.config import list_recipes, load_recipe
 from megatron_maspo.launch.plan import arch_of, estimate, layout_of
 from megatron_maspo.recipes.base import ADV_REWEIGHT, SETTINGS, SIZES, TABLE1
+from megatron_maspo.recipes.registry import list_recipes, load_recipe
 
 # Single-machine recipes (tiny: CPU default; smollm2: one GPU) are not cluster layouts.
 CLUSTER = [r for r in list_recipes() if r not in ("tiny", "smollm2")]

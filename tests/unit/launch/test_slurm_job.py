@@ -15,7 +15,7 @@ import pytest
 
 from megatron_maspo.config import MaspoConfig, load_config, save_config
 from megatron_maspo.errors import ConfigError
-from megatron_maspo.launch.job import LaunchOptions, rank_env_from_slurm
+from megatron_maspo.launch.job import LaunchOptions
 from megatron_maspo.launch.requeue import (
     REQUEUE_ENV,
     auto_resume,
@@ -24,6 +24,7 @@ from megatron_maspo.launch.requeue import (
 )
 from megatron_maspo.launch.slurm_job import JobRecord, parse_scontrol, read_record, write_record
 from megatron_maspo.train.loop import check_run_dir
+from megatron_maspo.train.process.distributed import rank_env_from_slurm
 
 REPO = Path(__file__).resolve().parents[3]
 SRUN = {"MASPO_RANKS_FROM_SLURM": "1", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",

@@ -66,8 +66,8 @@ def test_moe_tp2_ep2_is_refused_on_the_local_spec():
     cfg = MaspoConfig(parallel=ParallelConfig(tp=2, ep=2, world_size=4))
     with pytest.raises(ConfigError, match=r"parallel.tp=2 parallel.pp=1 parallel.ep=2: MoE with "
                                           r"tensor_model_parallel_size > 1 needs sequence parallelism"):
-        check_model_layout(cfg, _moe())
+        check_model_layout(cfg.model, cfg.parallel, _moe())
     cfg.model.attention_backend = "te"  # the TE spec has sequence parallelism: layout accepted
-    check_model_layout(cfg, _moe())
+    check_model_layout(cfg.model, cfg.parallel, _moe())
     with pytest.raises(ConfigError, match="needs an MoE model"):
-        check_model_layout(MaspoConfig(model=ModelConfig(routing_replay="all")), tiny_qwen2_spec())
+        check_model_layout(ModelConfig(routing_replay="all"), MaspoConfig().parallel, tiny_qwen2_spec())

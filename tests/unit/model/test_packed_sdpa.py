@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from megatron_maspo.model.config import ModelConfig
-from megatron_maspo.train.packing import cu_seqlens
+from megatron_maspo.train.actor.packing import cu_seqlens
 
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -93,7 +93,7 @@ def test_softmax_scale_and_sbhd_layouts():
         want = _reference(qb[:, b], kb[:, b], vb[:, b], [8], 0.3)
         torch.testing.assert_close(out[:, b].double(), want, rtol=1e-5, atol=1e-6)
     # unpacked with the caller's dense block-causal mask (True = masked out)
-    from megatron_maspo.train.packing import block_causal_mask
+    from megatron_maspo.train.actor.packing import block_causal_mask
 
     out = m(q[:, None], k[:, None], v[:, None], block_causal_mask(LENS))
     torch.testing.assert_close(out[:, 0].double(), ref, rtol=1e-5, atol=1e-6)

@@ -52,6 +52,6 @@ def test_bad_layouts_raise():
 def test_build_from_config_uses_vllm_tp_only_for_vllm():
     cfg = MaspoConfig()
     cfg.rollout.vllm_tp = 2
-    assert build_fleet(cfg, world=4).num_engines == 4  # built-in: one device per engine
+    assert build_fleet(cfg.parallel, cfg.rollout, world=4).num_engines == 4  # built-in: one device per engine
     cfg.rollout.engine = "vllm"
-    assert build_fleet(cfg, world=4).num_engines == 2
+    assert build_fleet(cfg.parallel, cfg.rollout, world=4).num_engines == 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megatron_maspo.train.checkpoint import scheduler_changes
+from megatron_maspo.train.actor.checkpoint import scheduler_changes
 
 
 def test_only_changed_settings_are_reported_and_progress_is_not_a_setting():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_maspo.train import faults
+from megatron_maspo.train.process import faults
 
 
 @pytest.fixture
@@ -18,7 +18,6 @@ def fault(monkeypatch):
         faults.configured.cache_clear()
     yield set_
     faults.configured.cache_clear()
-    faults._current_step = None
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -35,29 +34,26 @@ def test_bad_spec_is_a_clear_error(text, fragment):
 def test_unset_means_no_fault(fault):
     fault(None)
     assert faults.configured() is None
-    faults.at_step(0)
-    lp = torch.zeros(3)
-    assert faults.poison_logprobs(lp, torch.ones(3, dtype=torch.bool)) is lp
+    inj = faults.FaultInjector(faults.configured(), rank=0)
+    assert inj.at_step(0) is None and inj.at_step(2) is None
 
 
-def test_raise_only_on_the_chosen_rank_and_step(fault, monkeypatch):
+def test_raise_only_on_the_chosen_rank_and_step(fault):
     fault("rank=0,step=2,kind=raise")
     assert faults.configured() == faults.Fault(rank=0, step=2, kind="raise")
-    faults.at_step(1)
+    inj = faults.FaultInjector(faults.configured(), rank=0)
+    assert inj.at_step(1) is None
     with pytest.raises(faults.InjectedFault, match="rank 0 at step 2"):
-        faults.at_step(2)
-    monkeypatch.setenv("RANK", "1")  # another rank (no process group here): no fault
-    faults.at_step(2)
+        inj.at_step(2)
+    assert faults.FaultInjector(faults.configured(), rank=1).at_step(2) is None  # another rank
 
 
-def test_nan_hits_the_first_valid_token_of_the_chosen_step(fault):
+def test_nan_hook_only_at_its_step(fault):
     fault("rank=0,step=3,kind=nan")
-    lp = torch.tensor([-1.0, -2.0, -3.0], requires_grad=True)
-    mask = torch.tensor([False, True, True])
-    faults.at_step(2)
-    assert torch.isfinite(faults.poison_logprobs(lp, mask)).all()
-    faults.at_step(3)  # a nan fault never raises
-    out = faults.poison_logprobs(lp, mask)
-    assert torch.isnan(out[1]) and out[0] == -1.0 and out[2] == -3.0
-    out.nansum().backward()  # the graph stays intact for the other tokens
-    assert lp.grad.tolist() == [1.0, 0.0, 1.0]
+    inj = faults.FaultInjector(faults.configured(), rank=0)
+    lp, mask = torch.zeros(4), torch.tensor([False, True, True, False])
+    assert inj.at_step(2) is None  # a nan fault never raises, and is off at other steps
+    hook = inj.at_step(3)
+    out = hook(lp, mask)
+    assert torch.isnan(out[1]) and torch.isfinite(out[[0, 2, 3]]).all()
+    assert hook(lp, torch.zeros(4, dtype=torch.bool)) is lp  # nothing valid: unchanged

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_maspo.train.fleet_rollout import EngineRound, fleet_metrics, reward_totals
+from megatron_maspo.train.rollouts.shard import EngineRound, fleet_metrics, reward_totals
 
 
 def test_rounds_sum_per_engine_and_idle_engines_count_for_prompts_only():

@@ -8,7 +8,7 @@ import functools
 import pytest
 import torch
 
-from megatron_maspo.train.offload import (
+from megatron_maspo.train.actor.offload import (
     CATEGORIES,
     StateOffloader,
     offload_categories,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from megatron_maspo.parallel.config import ParallelConfig
-from megatron_maspo.train.optimizer import overlap_options
+from megatron_maspo.train.actor.optimizer import overlap_options
 
 
 def _p(**kw) -> ParallelConfig:

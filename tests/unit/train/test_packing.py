@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_maspo.train.packing import (
+from megatron_maspo.train.actor.packing import (
     assign_micro_batches,
     block_causal_mask,
     build_micro_batch,
@@ -15,7 +15,7 @@ from megatron_maspo.train.packing import (
     split_mini_batches,
     trim_lengths,
 )
-from megatron_maspo.train.samples import Sample
+from megatron_maspo.train.actor.samples import Sample
 
 
 def _samples(lens: list[tuple[int, int]]) -> list[Sample]:

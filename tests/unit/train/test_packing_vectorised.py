@@ -6,8 +6,8 @@ import random
 
 import torch
 
-from megatron_maspo.train.packing import build_micro_batch, token_inputs
-from megatron_maspo.train.samples import Sample
+from megatron_maspo.train.actor.packing import build_micro_batch, token_inputs
+from megatron_maspo.train.actor.samples import Sample
 
 
 def _samples(n: int, seed: int) -> list[Sample]:

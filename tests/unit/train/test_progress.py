@@ -12,8 +12,8 @@ import termios
 
 import pytest
 
-from megatron_maspo.train.console import StepPrinter
-from megatron_maspo.train.progress import Progress
+from megatron_maspo.train.observe.console import StepPrinter
+from megatron_maspo.train.observe.progress import Progress
 
 
 def _openpty(cols: int = 120) -> tuple[int, int]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_maspo.train.packing import build_micro_batch
-from megatron_maspo.train.routing_replay import replay_targets
-from megatron_maspo.train.samples import Sample
+from megatron_maspo.train.actor.packing import build_micro_batch
+from megatron_maspo.train.actor.routing_replay import replay_targets
+from megatron_maspo.train.actor.samples import Sample
 
 L, K = 3, 2
 

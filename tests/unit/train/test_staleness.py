@@ -1,4 +1,4 @@
-"""The bounded-staleness schedule (train/staleness.py): which weights make which batch, the checkpoint
+"""The bounded-staleness schedule (train/rollouts/staleness.py): which weights make which batch, the checkpoint
 round trip, the metrics, and the config checks that go with it."""
 
 from __future__ import annotations
@@ -8,14 +8,15 @@ import dataclasses
 import pytest
 import torch
 
-from megatron_maspo.config import MaspoConfig, check_combinations, resolve_config
+from megatron_maspo.config import MaspoConfig, check_combinations
 from megatron_maspo.errors import ConfigError
 from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.recipes.registry import resolve_config
 from megatron_maspo.rollout.config import RolloutConfig
 from megatron_maspo.rollout.types import Completion
-from megatron_maspo.train.rollout_batch import PromptGroup
-from megatron_maspo.train.samples import Sample
-from megatron_maspo.train.staleness import RolloutBatch, StalenessQueue, staleness_metrics
+from megatron_maspo.train.actor.samples import Sample
+from megatron_maspo.train.rollouts.groups import PromptGroup, RolloutBatch
+from megatron_maspo.train.rollouts.staleness import StalenessQueue, staleness_metrics
 
 
 def _group(i: int, version: int, lp: float = -0.123456789012345) -> PromptGroup:

@@ -14,23 +14,24 @@ from collections.abc import Callable
 
 import torch
 
-from megatron_maspo.config import MaspoConfig
+from megatron_maspo.model.config import ModelConfig
 from megatron_maspo.model.moe import moe_build_options
 from megatron_maspo.model.provider import ModelBuildOptions, attention_options, build_model_chunks
 from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.parallel.config import ParallelConfig
 from megatron_maspo.parallel.groups import ParallelGroups
 
 logger = logging.getLogger(__name__)
 
 
-def actor_build_options(cfg: MaspoConfig) -> ModelBuildOptions:
+def actor_build_options(model: ModelConfig, parallel: ParallelConfig) -> ModelBuildOptions:
     """The model options the actor and the inference policy share (layout, precision, spec)."""
-    p = cfg.parallel
+    p = parallel
     return ModelBuildOptions(
-        tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, bf16=cfg.model.bf16, recompute=cfg.model.recompute,
-        make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
-        calculate_per_token_loss=True, **attention_options(cfg.model.attention_backend, p.tp),
-        **moe_build_options(cfg.model))
+        tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, bf16=model.bf16, recompute=model.recompute,
+        make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
+        calculate_per_token_loss=True, **attention_options(model.attention_backend, p.tp),
+        **moe_build_options(model))
 
 
 class InferencePolicy:
@@ -40,20 +41,20 @@ class InferencePolicy:
     checkpoint loading with ``load_optimizer=False``) and ``steps_done``.
 
     Args:
-        cfg: the run's root config (model precision, parallel layout).
         spec: the architecture.
-        groups: this rank's parallel groups (``init_parallel`` already ran with cfg.parallel sizes).
+        groups: this rank's parallel groups (``init_parallel`` already ran with ``parallel``'s sizes).
+        model, parallel: the model (precision, attention) and layout sections of the config.
         init_weights: optional ``init_weights(chunks)`` (e.g. HF weights) before a checkpoint load.
     """
 
-    def __init__(self, cfg: MaspoConfig, spec: ArchSpec, groups: ParallelGroups, *,
-                 init_weights: Callable[[list], None] | None = None) -> None:
-        p = cfg.parallel
+    def __init__(self, spec: ArchSpec, groups: ParallelGroups, *, model: ModelConfig,
+                 parallel: ParallelConfig, init_weights: Callable[[list], None] | None = None) -> None:
+        p = parallel
         if (groups.tp, groups.pp, groups.ep) != (p.tp, p.pp, p.ep):
             raise ValueError(f"parallel groups (tp={groups.tp}, pp={groups.pp}, ep={groups.ep}) do "
-                             f"not match cfg.parallel (tp={p.tp}, pp={p.pp}, ep={p.ep})")
-        self.cfg, self.spec, self.groups = cfg, spec, groups
-        self.chunks = build_model_chunks(spec, actor_build_options(cfg), pp_rank=groups.pp_rank)
+                             f"not match parallel (tp={p.tp}, pp={p.pp}, ep={p.ep})")
+        self.spec, self.groups = spec, groups
+        self.chunks = build_model_chunks(spec, actor_build_options(model, parallel), pp_rank=groups.pp_rank)
         if init_weights is not None:
             init_weights(self.chunks)
         for c in self.chunks:

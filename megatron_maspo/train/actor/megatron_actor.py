@@ -24,31 +24,32 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
 
 import torch
 
-from megatron_maspo.config import MaspoConfig
+from megatron_maspo.loss.config import LossConfig
 from megatron_maspo.loss.metrics import finalize_metrics, reduce_metrics
 from megatron_maspo.loss.policy import compute_policy_loss
+from megatron_maspo.model.config import ModelConfig
 from megatron_maspo.model.provider import build_model_chunks
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel import comm
-from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
-from megatron_maspo.parallel.groups import ParallelGroups, default_device
-from megatron_maspo.train import faults
-from megatron_maspo.train.batch_stats import prepare_batch_stats
-from megatron_maspo.train.forward import (
+from megatron_maspo.parallel.config import ParallelConfig
+from megatron_maspo.parallel.device import default_device
+from megatron_maspo.parallel.groups import ParallelGroups
+from megatron_maspo.train.actor.batch_stats import prepare_batch_stats
+from megatron_maspo.train.actor.forward import (
     MicroBatchInputs,
     StepContext,
     hidden_output,
     make_forward_step,
     unwrap,
 )
-from megatron_maspo.train.inference import actor_build_options
-from megatron_maspo.train.moe_metrics import RouterMonitor
-from megatron_maspo.train.optimizer import build_optimizer, grads_finite, overlap_options
-from megatron_maspo.train.packing import (
+from megatron_maspo.train.actor.inference import actor_build_options
+from megatron_maspo.train.actor.moe_metrics import RouterMonitor
+from megatron_maspo.train.actor.offload import StateOffloader, offload_categories, training_tensors
+from megatron_maspo.train.actor.optimizer import build_optimizer, grads_finite, overlap_options
+from megatron_maspo.train.actor.packing import (
     MiniBatchPlan,
     PackedMicroBatch,
     PackStats,
@@ -59,8 +60,9 @@ from megatron_maspo.train.packing import (
     token_inputs,
     trim_lengths,
 )
-from megatron_maspo.train.routing_replay import RoutingReplay
-from megatron_maspo.train.samples import Sample
+from megatron_maspo.train.actor.routing_replay import RoutingReplay
+from megatron_maspo.train.actor.samples import Sample
+from megatron_maspo.train.config import OptimConfig, TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -71,23 +73,30 @@ class MegatronActor:
     """Policy (and optional frozen reference) Megatron-Core model with its optimizer.
 
     Args:
-        cfg: the root config (model precision, parallel layout, loss, optim, train, rollout τ).
         spec: the architecture.
-        groups: this rank's parallel groups (``init_parallel`` already ran with cfg.parallel sizes).
+        groups: this rank's parallel groups (``init_parallel`` already ran with ``parallel``'s sizes).
+        model, parallel, optim, loss, train: the config sections the actor reads (precision and
+            attention; layout; AdamW and schedule; the policy loss; step shape and budgets).
+        temperature: the rollout sampling temperature τ (log-probs are taken of ``logits / τ``).
         init_weights: called as ``init_weights(chunks)`` on the unwrapped GPTModel chunks before DDP
             wrapping, e.g. ``partial(load_hf_weights, spec=spec, groups=groups, source=dir)``;
             None keeps Megatron's seeded initialisation.
+        memory_phase: ``memory_phase(name)`` context that meters a phase's memory peak (the trainer's
+            :class:`~megatron_maspo.train.observe.memory.PhaseMemory`); None meters nothing.
     """
 
-    def __init__(self, cfg: MaspoConfig, spec: ArchSpec, groups: ParallelGroups, *,
-                 init_weights: Callable[[list], None] | None = None) -> None:
-        p = cfg.parallel
+    def __init__(self, spec: ArchSpec, groups: ParallelGroups, *, model: ModelConfig,
+                 parallel: ParallelConfig, optim: OptimConfig, loss: LossConfig, train: TrainConfig,
+                 temperature: float = 1.0, init_weights: Callable[[list], None] | None = None,
+                 memory_phase: Callable[[str], contextlib.AbstractContextManager] | None = None) -> None:
+        p = parallel
         if (groups.tp, groups.pp, groups.ep) != (p.tp, p.pp, p.ep):
             raise ValueError(f"parallel groups (tp={groups.tp}, pp={groups.pp}, ep={groups.ep}) do not "
-                             f"match cfg.parallel (tp={p.tp}, pp={p.pp}, ep={p.ep})")
-        self.cfg, self.spec, self.groups = cfg, spec, groups
+                             f"match parallel (tp={p.tp}, pp={p.pp}, ep={p.ep})")
+        self.spec, self.groups = spec, groups
+        self.loss_cfg, self.train_cfg, self.temperature = loss, train, temperature
         self.device = default_device()
-        self.opts = actor_build_options(cfg)  # shared with the inference-only policy
+        self.opts = actor_build_options(model, parallel)  # shared with the inference-only policy
         chunks = build_model_chunks(spec, self.opts, pp_rank=groups.pp_rank)
         for c in chunks:
             # packed rows differ in length: PP stages exchange shapes first
@@ -95,20 +104,20 @@ class MegatronActor:
         if init_weights is not None:
             init_weights(chunks)
         self.reference: list | None = None
-        if cfg.train.reference_model or cfg.loss.kl_coef > 0:
+        if train.reference_model or loss.kl_coef > 0:
             # A fresh build + state copy: deepcopy fails on the process groups the modules hold.
             self.reference = build_model_chunks(spec, self.opts, pp_rank=groups.pp_rank)
             for ref, c in zip(self.reference, chunks):
                 ref.config.variable_seq_lengths = p.pp > 1
                 ref.load_state_dict(c.state_dict())
                 ref.eval().requires_grad_(False)
-        total = cfg.train.steps * cfg.train.mini_batches_per_step
+        total = train.steps * train.mini_batches_per_step
         self.overlap = overlap_options(p, cuda=self.device.type == "cuda")
-        bundle = build_optimizer(chunks, cfg.optim, total_steps=total, bf16=cfg.model.bf16,
+        bundle = build_optimizer(chunks, optim, total_steps=total, bf16=model.bf16,
                                  distributed_optimizer=p.distributed_optimizer, **self.overlap)
         self.chunks, self.optimizer, self.scheduler = bundle.chunks, bundle.optimizer, bundle.scheduler
         self.moe_monitor = RouterMonitor(self.chunks, num_layers=spec.num_layers) if spec.is_moe else None
-        self.replay_mode = cfg.model.routing_replay
+        self.replay_mode = model.routing_replay
         if self.replay_mode != "off" and not spec.is_moe:
             raise ValueError(f"model.routing_replay={self.replay_mode!r} needs an MoE model")
         self.replay = (RoutingReplay(self.chunks, num_layers=spec.num_layers)
@@ -118,19 +127,24 @@ class MegatronActor:
             chunks[0].config, "moe_token_dispatcher_type", None) == "allgather"
         self.steps_done = 0
         self.steps_skipped = 0
-        # Hooks set by the trainer: a per-phase memory meter, and the offloader whose state must be
-        # resident before any forward/backward or export (offloaded storages are empty).
-        self.phase: Callable[[str], contextlib.AbstractContextManager] = lambda name: contextlib.nullcontext()
-        self.offloader: Any = None
+        # The per-phase memory meter (the trainer's), and the offloader of this actor's training state,
+        # which must be resident before any forward/backward or export (offloaded storages are empty).
+        self.phase: Callable[[str], contextlib.AbstractContextManager] = (
+            memory_phase if memory_phase is not None else lambda name: contextlib.nullcontext())
+        self.offloader = StateOffloader(
+            partial(training_tensors, self.chunks, self.optimizer, self.reference or ()),
+            enabled=offload_categories(train.offload_params, train.offload_grads, train.offload_optimizer),
+            device=self.device)
+        self._logprob_hook: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         self._old_from_forward = False  # see reuses_forward_logprobs
         self._at_old_policy = False  # parameters still equal π_old's (ρ = 1): set by the recompute
 
     # ------------------------------------------------------------------ planning
     def plan(self, samples: Sequence[Sample]) -> tuple[list[MiniBatchPlan], list[int], PackStats]:
         """Mini-batch plans of this rank, trained response lengths and packing counters."""
-        budget = self.cfg.train.max_tokens_per_micro_batch
+        budget = self.train_cfg.max_tokens_per_micro_batch
         resp_lens, stats = trim_lengths(samples, budget)
-        minis = split_mini_batches(samples, self.cfg.train.mini_batches_per_step)
+        minis = split_mini_batches(samples, self.train_cfg.mini_batches_per_step)
         plans = [plan_mini_batch(samples, idx, resp_lens, dp=self.groups.dp,
                                  dp_rank=self.groups.dp_rank, budget=budget,
                                  equal_rows=self._equal_rows,
@@ -162,7 +176,7 @@ class MegatronActor:
     def _run(self, chunks: list, inputs: list[MicroBatchInputs], ctx: StepContext,
              forward_only: bool, replay: list | None = None) -> None:
         """One Megatron schedule over ``inputs``; ``replay`` = per-input routing targets
-        (``train/routing_replay.py``), armed on the routers right before each forward."""
+        (``train/actor/routing_replay.py``), armed on the routers right before each forward."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         seq = max(int(x.tokens.shape[1]) for x in inputs)
@@ -186,8 +200,8 @@ class MegatronActor:
 
     def _context(self) -> StepContext:
         return StepContext(tp_group=self.groups.tp_group, vocab_size=self.spec.vocab_size,
-                           temperature=self.cfg.rollout.temperature,
-                           chunk_bytes=self.cfg.train.logprob_chunk_bytes,
+                           temperature=self.temperature,
+                           chunk_bytes=self.train_cfg.logprob_chunk_bytes,
                            sequence_parallel=self.opts.sequence_parallel)
 
     def _logprobs_local(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *,
@@ -246,9 +260,10 @@ class MegatronActor:
                  lp: torch.Tensor, ent: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # Inside Megatron's schedule nothing may raise on one rank alone: non-finite inputs are masked
         # and counted here; optimizer_step agrees on the count over all ranks, then raises or skips.
-        lcfg = self.cfg.loss if self.cfg.loss.nonfinite == "mask" else \
-            dataclasses.replace(self.cfg.loss, nonfinite="mask")
-        lp = faults.poison_logprobs(lp, mb.loss_mask.bool())
+        lcfg = self.loss_cfg if self.loss_cfg.nonfinite == "mask" else \
+            dataclasses.replace(self.loss_cfg, nonfinite="mask")
+        if self._logprob_hook is not None:  # fault injection (MASPO_FAULT kind=nan) for this step
+            lp = self._logprob_hook(lp, mb.loss_mask.bool())
         old = mb.old_logprobs
         if old is None and self._old_from_forward:  # one mini-batch: π_old is this very forward
             old = lp.detach()
@@ -265,15 +280,15 @@ class MegatronActor:
         mini-batch statistic (BAPO's bounds, QUATRO's dual ascent) needs π_old before the forward."""
         from megatron_maspo.loss.group_stats import needs_current_logprobs
 
-        return (len(plans) == 1 and not self.cfg.train.check_first_ratio
-                and not needs_current_logprobs(self.cfg.loss)
+        return (len(plans) == 1 and not self.train_cfg.check_first_ratio
+                and not needs_current_logprobs(self.loss_cfg)
                 and self.replay_mode != "old_logprobs")  # the training forward does not replay
 
     def fill_old_logprobs(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *,
                           policy: bool = True) -> None:
         """Recompute ``old_logprobs`` (if ``policy``) and ``ref_logprobs`` (if a KL term is on) for this
         rank's samples; without ``policy`` the old ones are cleared (the training forward's are used)."""
-        want_ref = self.cfg.loss.kl_coef > 0
+        want_ref = self.loss_cfg.kl_coef > 0
         self._old_from_forward = not policy
         if not policy:
             for s in samples:
@@ -292,7 +307,7 @@ class MegatronActor:
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
         stats = prepare_batch_stats(  # whole-group / whole-mini-batch statistics (BAPO, QUATRO)
-            self.cfg.loss, samples, plan, at_old_policy=self._at_old_policy,
+            self.loss_cfg, samples, plan, at_old_policy=self._at_old_policy,
             probe=lambda: self._logprobs_local(samples, [plan], model="policy"),
             is_last_stage=self.groups.is_last_stage, dp_group=self.groups.dp_group, device=self.device)
         ctx = self._context()
@@ -309,7 +324,7 @@ class MegatronActor:
         ``loss.nonfinite='raise'`` raises on every rank together (a raise on one rank alone would leave
         the others waiting in their next collective), and ``'skip'`` skips the step everywhere.
         """
-        mode = self.cfg.loss.nonfinite
+        mode = self.loss_cfg.nonfinite
         bad_inputs = float(ctx.metrics.get("loss/nonfinite_tokens", 0.0)) if mode != "mask" else 0.0
         flags = torch.tensor([0.0 if (ctx.loss_finite and grads_finite(self.chunks)) else 1.0, bad_inputs])
         comm.all_reduce(flags, op=comm.ReduceOp.MAX)
@@ -327,8 +342,7 @@ class MegatronActor:
             self.optimizer.zero_grad()
             self.steps_skipped += 1
             return {"actor/step_skipped": 1.0}
-        with spoof_tensor_type():
-            ok, grad_norm, _ = self.optimizer.step()
+        ok, grad_norm, _ = self.optimizer.step()
         lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step(increment=1)
         self.steps_done += 1
@@ -369,8 +383,13 @@ class MegatronActor:
         return float(dev)
 
     def train_step(self, samples: Sequence[Sample], *,
-                   progress: Callable[[int], None] | None = None) -> dict[str, float]:
+                   progress: Callable[[int], None] | None = None,
+                   logprob_hook: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                   ) -> dict[str, float]:
         """All mini-batches (optimizer steps) of one rollout step; ``progress(1)`` after each one.
+
+        ``logprob_hook(logprobs [T], mask [T]) -> logprobs``: applied to the training forward's log-probs
+        during this step only (fault injection: :class:`~megatron_maspo.train.process.faults.FaultInjector`).
 
         Returns:
             metrics averaged over mini-batches (loss-module keys, ``actor/loss``, ``actor/grad_norm``,
@@ -382,6 +401,13 @@ class MegatronActor:
         """
         self._require_resident()
         self._check_same_batch(samples)
+        self._logprob_hook = logprob_hook
+        try:
+            return self._train_step(samples, progress)
+        finally:
+            self._logprob_hook = None
+
+    def _train_step(self, samples: Sequence[Sample], progress: Callable[[int], None] | None) -> dict[str, float]:
         plans, _, stats = self.plan(samples)
         for c in self.chunks:
             c.train()
@@ -407,7 +433,7 @@ class MegatronActor:
             elif k == 0:
                 dev = self._first_ratio_dev(samples, plan, ctx)
                 out["actor/first_ratio_max_abs_dev"] = dev
-                if self.cfg.train.check_first_ratio and dev > FIRST_RATIO_TOL:
+                if self.train_cfg.check_first_ratio and dev > FIRST_RATIO_TOL:
                     raise RuntimeError(f"first mini-batch |log ρ| max = {dev:.3e} > {FIRST_RATIO_TOL}: "
                                        "old-log-prob recompute and training forward differ")
             step = self.optimizer_step(ctx)

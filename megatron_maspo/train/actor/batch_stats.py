@@ -30,8 +30,8 @@ from megatron_maspo.loss.group_stats import (
     needs_prompt_stats,
     reps_prompt_lambdas,
 )
-from megatron_maspo.train.packing import MiniBatchPlan
-from megatron_maspo.train.samples import Sample
+from megatron_maspo.train.actor.packing import MiniBatchPlan
+from megatron_maspo.train.actor.samples import Sample
 
 Probe = Callable[[], dict[int, tuple[torch.Tensor, torch.Tensor]]]
 """Runs the forward-only pass of the mini-batch on every PP stage: ``{sample: ([L'] lp, [L'] H)}``

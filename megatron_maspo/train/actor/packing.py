@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from megatron_maspo.train.samples import Sample
+from megatron_maspo.train.actor.samples import Sample
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
 from megatron_maspo.train.config import OptimConfig
 
 logger = logging.getLogger(__name__)
@@ -115,8 +114,7 @@ def build_optimizer(chunks: list, optim: OptimConfig, *, total_steps: int, bf16:
         clip_grad=optim.clip_grad, bf16=bf16,
         params_dtype=torch.bfloat16 if bf16 else torch.float32,
         use_distributed_optimizer=distributed_optimizer)
-    with spoof_tensor_type():  # CPU: Megatron asserts 'torch.cuda.*' type strings
-        optimizer = get_megatron_optimizer(ocfg, wrapped)
+    optimizer = get_megatron_optimizer(ocfg, wrapped)
     prefer_fused_adam(optimizer)
     wrapped[0].config.grad_scale_func = optimizer.scale_loss
     steps = max(total_steps, optim.warmup_steps + 1)

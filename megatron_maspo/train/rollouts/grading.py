@@ -8,7 +8,7 @@ from typing import Any
 
 from megatron_maspo.reward.base import GradeStatus
 from megatron_maspo.rollout.types import Completion
-from megatron_maspo.train.rollout_batch import PromptGroup
+from megatron_maspo.train.rollouts.groups import PromptGroup
 
 
 def grade_groups(reward_fn: Any, tokenizer: Any, idx: list[int], prompts: list[list[int]],

@@ -24,38 +24,19 @@ so it travels in the checkpoint's ``data_state`` as one JSON string (:meth:`Stal
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 import torch
 
 from megatron_maspo.rollout.types import Completion
-from megatron_maspo.train.rollout_batch import PromptGroup
-from megatron_maspo.train.samples import Sample
-
-
-@dataclass
-class RolloutBatch:
-    """The prompt groups of one training step and where they came from."""
-
-    step: int
-    """0-based step that trains on this batch."""
-    version: int
-    """Trainer weight version (syncs done) that generated it."""
-    kept: list[PromptGroup]
-    """Groups trained on (after dynamic sampling and rounding to whole mini-batches)."""
-    seen: list[PromptGroup]
-    """Every group generated for the step (reward metrics are over these)."""
-    dropped: int = 0
-    """Degenerate groups dropped by dynamic sampling."""
+from megatron_maspo.train.actor.samples import Sample
+from megatron_maspo.train.rollouts.groups import PromptGroup, RolloutBatch
 
 
 class StalenessQueue:
     """Pending rollout batches for the next ``max_staleness`` steps, keyed by the step that trains them."""
 
     def __init__(self, max_staleness: int) -> None:
-        if max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
-        self.k = max_staleness
+        self.k = max_staleness  # validated where it is defined (RolloutConfig)
         self.pending: dict[int, RolloutBatch] = {}
 
     def due(self, step: int) -> list[int]:

@@ -41,7 +41,7 @@ class Sample:
     (``Completion.routed_experts``); None without replay."""
     group_stats: dict[str, float] = field(default_factory=dict)
     """Per-prompt loss statistics computed over the whole group before packing (e.g.
-    ``quatro/lambda``); the actor broadcasts each to the response's tokens (`train/batch_stats.py`)."""
+    ``quatro/lambda``); the actor broadcasts each to the response's tokens (`train/actor/batch_stats.py`)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

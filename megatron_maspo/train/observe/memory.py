@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from megatron_maspo.parallel.device import on_cuda
+
 GB = float(1 << 30)
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
@@ -76,7 +78,7 @@ class PhaseMemory:
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         dev = torch.device(device) if device is not None else torch.device("cpu")
-        self.device = dev if dev.type == "cuda" and torch.cuda.is_available() else None
+        self.device = dev if dev.type == "cuda" and on_cuda() else None
         self._metrics: dict[str, float] = {}
         self._stack: list[dict[str, int]] = []  # running peaks of the open phases, outermost first
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from megatron_maspo.train.sinks import read_metrics
+from megatron_maspo.train.observe.sinks import read_metrics
 
 logger = logging.getLogger(__name__)
 

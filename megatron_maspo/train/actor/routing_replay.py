@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from megatron_maspo.train.moe_metrics import routers
+from megatron_maspo.train.actor.moe_metrics import routers
 
 
 def replay_targets(samples: Sequence[Any], mb: Any, *, num_layers: int, topk: int

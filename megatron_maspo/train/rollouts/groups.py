@@ -10,7 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
+from megatron_maspo.loss.advantages import compute_advantages
+from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.loss.group_stats import prompt_group_stats
 from megatron_maspo.rollout.types import Completion
+from megatron_maspo.train.actor.samples import Sample
 
 
 @dataclass
@@ -76,3 +80,45 @@ def group_metrics(groups: list[PromptGroup], *, max_new_tokens: int) -> dict[str
 def rewards_tensor(groups: list[PromptGroup]) -> torch.Tensor:
     """``[P, G]`` float64 rewards."""
     return torch.tensor([g.rewards_G for g in groups], dtype=torch.float64)
+
+
+@dataclass
+class RolloutBatch:
+    """The prompt groups of one training step and where they came from."""
+
+    step: int
+    """0-based step that trains on this batch."""
+    version: int
+    """Trainer weight version (syncs done) that generated it."""
+    kept: list[PromptGroup]
+    """Groups trained on (after dynamic sampling and rounding to whole mini-batches)."""
+    seen: list[PromptGroup]
+    """Every group generated for the step (reward metrics are over these)."""
+    dropped: int = 0
+    """Degenerate groups dropped by dynamic sampling."""
+
+
+def samples_from_groups(groups: list[PromptGroup], loss: LossConfig, *, overlong_filter: bool,
+                        version_offset: int) -> list[Sample]:
+    """One ``Sample`` per kept response, with its group advantage ``adv[P, G]`` (same on every rank).
+
+    Args:
+        loss: the loss section (advantage estimator and the per-prompt statistics it needs).
+        overlong_filter: DAPO overlong filtering: truncated responses are not trained on.
+        version_offset: added to each completion's engine-side policy version (steps before a resume).
+    """
+    adv = compute_advantages(loss, rewards_tensor(groups))
+    # per-prompt statistics over all G responses, before any filtering or packing
+    pstats = prompt_group_stats(loss, adv)
+    samples = []
+    for p, g in enumerate(groups):
+        for j, c in enumerate(g.completions_G):
+            if overlong_filter and c.finish_reason == "length":
+                continue
+            samples.append(Sample(prompt_ids=g.prompt_ids, response_ids=list(c.token_ids),
+                                  advantage=float(adv[p, j]), prompt_index=p,
+                                  rollout_logprobs=list(c.logprobs),
+                                  policy_version=c.policy_version + version_offset,
+                                  reward=g.rewards_G[j], finish_reason=c.finish_reason,
+                                  group_stats=dict(pstats[p]), routed_experts=c.routed_experts))
+    return samples

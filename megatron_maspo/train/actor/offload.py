@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from megatron_maspo.parallel.device import on_cuda
+
 logger = logging.getLogger(__name__)
 
 CATEGORIES = ("params", "grads", "optimizer")
@@ -39,7 +41,7 @@ def release_cached_memory() -> None:
     the next phase can use memory the previous one only held in cache. A no-op beyond ``gc`` on CPU.
     """
     gc.collect()
-    if torch.cuda.is_available():
+    if on_cuda():
         torch.cuda.empty_cache()
 
 

@@ -29,7 +29,7 @@ from megatron_maspo.model.checkpoint import (
     load_model_state,
     model_sharded_state_dict,
 )
-from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
+from megatron_maspo.parallel.device import on_cuda
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +41,8 @@ def _sharded_state(actor: Any, *, is_loading: bool, with_optimizer: bool) -> dic
     model_sd = model_sharded_state_dict(actor.named_modules_unwrapped())
     state: dict = dict(model_sd)
     if with_optimizer:
-        with spoof_tensor_type():
-            state["optimizer"] = actor.optimizer.sharded_state_dict(
-                model_sd, is_loading=is_loading, metadata=_OPT_METADATA)
+        state["optimizer"] = actor.optimizer.sharded_state_dict(
+            model_sd, is_loading=is_loading, metadata=_OPT_METADATA)
     return state
 
 
@@ -51,7 +50,7 @@ def _rng_state() -> dict:
     from megatron.core import tensor_parallel
 
     return {"cpu": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            "cuda": torch.cuda.get_rng_state() if on_cuda() else None,
             "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
 
 
@@ -59,7 +58,7 @@ def _set_rng_state(st: dict) -> None:
     from megatron.core import tensor_parallel
 
     torch.set_rng_state(st["cpu"])
-    if st["cuda"] is not None and torch.cuda.is_available():
+    if st["cuda"] is not None and on_cuda():
         torch.cuda.set_rng_state(st["cuda"])
     tensor_parallel.get_cuda_rng_tracker().set_states(st["tracker"])
 
@@ -123,8 +122,7 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
         for opt in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer]):
             init = getattr(opt, "_init_optimizer_states_with_dummy_values", None)
             if init is not None:  # torch Adam creates state lazily: give the loader targets
-                with spoof_tensor_type():
-                    init()
+                init()
     state = _sharded_state(actor, is_loading=True, with_optimizer=load_optimizer)
     loaded = dist_checkpointing.load(state, str(path))
     load_model_state(actor.named_modules_unwrapped(), loaded)
@@ -132,8 +130,7 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
         # Megatron's param groups carry their own max_lr / min_lr, which the scheduler reads before its
         # own; the optimizer state would bring back the checkpoint's. Keep this run's (the config's).
         limits = [(g.get("max_lr"), g.get("min_lr")) for g in actor.optimizer.param_groups]
-        with spoof_tensor_type():
-            actor.optimizer.load_state_dict(loaded["optimizer"])
+        actor.optimizer.load_state_dict(loaded["optimizer"])
         _fix_dist_optimizer_after_load(actor.optimizer)
         for g, (max_lr, min_lr) in zip(actor.optimizer.param_groups, limits, strict=True):
             if max_lr is not None:

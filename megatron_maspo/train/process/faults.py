@@ -3,8 +3,8 @@
     MASPO_FAULT="rank=1,step=2,kind=raise"   # rank 1 raises InjectedFault when RL step 2 starts
     MASPO_FAULT="rank=1,step=2,kind=nan"     # rank 1's loss sees NaN log-probs during step 2
 
-The variable is read here and nowhere else, once per process; unset (the normal case) every hook is a
-no-op costing one attribute check. ``step`` counts RL steps from 1 like the console and ``metrics.jsonl``; ``rank``
+The variable is read here and nowhere else, once per process; the loop holds a :class:`FaultInjector`
+and asks it once per step. Unset (the normal case), nothing reaches the loss path. ``step`` counts RL steps from 1 like the console and ``metrics.jsonl``; ``rank``
 is the global rank.
 """
 
@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -60,34 +61,31 @@ def configured() -> Fault | None:
     return parse_fault(text) if text else None
 
 
-_current_step: int | None = None
+class FaultInjector:
+    """This rank's injected fault, asked once per RL step by the loop (no global state).
+
+    ``at_step(s)`` raises :class:`InjectedFault` for ``kind=raise`` at step ``s`` on this rank, and for
+    ``kind=nan`` returns the log-prob hook the actor applies during that step (None otherwise).
+    """
+
+    def __init__(self, fault: Fault | None, rank: int) -> None:
+        self.fault = fault if fault is not None and fault.rank == rank else None
+
+    def at_step(self, step: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+        f = self.fault
+        if f is None or f.step != step:
+            return None
+        if f.kind == "raise":
+            raise InjectedFault(f"{ENV}: injected exception on rank {f.rank} at step {f.step} "
+                                f"(unix time {time.time():.3f})")
+        return functools.partial(nan_at_first_token, step=step)
 
 
-def _mine(kind: str) -> bool:
-    f = configured()
-    if f is None or f.kind != kind or _current_step != f.step:
-        return False
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
-    return rank == f.rank
-
-
-def at_step(step: int) -> None:
-    """Mark the start of RL step ``step``; raises ``InjectedFault`` if a raise is injected here."""
-    global _current_step
-    _current_step = step
-    if _mine("raise"):
-        f = configured()
-        raise InjectedFault(f"{ENV}: injected exception on rank {f.rank} at step {f.step} "
-                            f"(unix time {time.time():.3f})")
-
-
-def poison_logprobs(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``logprobs`` [T] with NaN at its first valid token if a NaN is injected in this step, else as is."""
-    if not _mine("nan") or not bool(mask.any()):
+def nan_at_first_token(logprobs: torch.Tensor, mask: torch.Tensor, *, step: int = 0) -> torch.Tensor:
+    """``logprobs`` [T] with NaN at its first valid (``mask``) token; unchanged when nothing is valid."""
+    if not bool(mask.any()):
         return logprobs
     first = int(mask.nonzero()[0])
-    logger.warning("%s: injecting NaN into log-probs at step %d", ENV, _current_step)
+    logger.warning("%s: injecting NaN into log-probs at step %d", ENV, step)
     hit = torch.arange(logprobs.numel(), device=logprobs.device) == first
     return torch.where(hit, torch.full_like(logprobs, float("nan")), logprobs)

@@ -1,4 +1,4 @@
-"""The one console line per RL step (rank 0 only); ``train/progress.py`` draws the bars."""
+"""The one console line per RL step (rank 0 only); ``train/observe/progress.py`` draws the bars."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Observability: metric sinks (JSONL, TensorBoard, W&B), the console line, progress bars, plots, memory."""

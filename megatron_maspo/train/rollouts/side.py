@@ -1,0 +1,169 @@
+"""The rollout side of the loop: one batch of graded prompt groups per step, and the engines around it.
+
+The loop asks this object, and nothing else, for rollouts:
+
+    batch   = rollouts.batch(step, version)    every engine samples + grades its shard; all ranks get all
+    rollouts.sleep()                            colocation: the engine frees its memory for the update
+    rollouts.metrics(samples, version)          rollout/*, reward/*_total, time/generate, time/grade
+    rollouts.state()                            prompt order, grader totals, queued batches (checkpoint)
+
+With ``rollout.max_staleness = k > 0`` batches are generated ahead into a
+:class:`~megatron_maspo.train.rollouts.staleness.StalenessQueue`; with ``k = 0`` every batch is made now
+by the current weights. A colocated :class:`~megatron_maspo.train.rollouts.shard.EngineShard` and (later)
+a separate engine pool present the same interface, so the loop does not fork.
+"""
+
+from __future__ import annotations
+
+from megatron_maspo.errors import ConfigError
+from megatron_maspo.rollout.config import RolloutConfig
+from megatron_maspo.rollout.fleet import FleetLayout
+from megatron_maspo.train.actor.samples import Sample
+from megatron_maspo.train.config import TrainConfig
+from megatron_maspo.train.rollouts.groups import (
+    PromptGroup,
+    RolloutBatch,
+    group_metrics,
+    select_groups,
+)
+from megatron_maspo.train.rollouts.prompt_order import PromptOrder
+from megatron_maspo.train.rollouts.shard import (
+    EngineRound,
+    EngineShard,
+    fleet_metrics,
+    gather_shards,
+    reward_totals,
+)
+from megatron_maspo.train.rollouts.staleness import StalenessQueue, staleness_metrics
+
+
+class RolloutSide:
+    """Prompt order, this rank's engine shard (None on ranks without an engine), the staleness queue.
+
+    Args:
+        shard: this rank's engine shard, or None.
+        fleet: the engine layout of the whole job (every rank joins each round's gather).
+        num_examples: size of the prompt dataset (the order shuffles indices into it).
+        rollout: ``rollout.*`` (group size and τ for metrics, ``max_staleness``).
+        train: ``train.*`` (prompts per step, dynamic sampling rounds, mini-batches, seed).
+        state: the checkpoint's data state on resume (``{}`` for a fresh run).
+        version_offset: steps done before a resume (queued batches carry their own versions).
+
+    Raises:
+        ConfigError: the checkpoint holds batches generated ahead but ``max_staleness`` is 0.
+    """
+
+    def __init__(self, shard: EngineShard | None, fleet: FleetLayout, *, num_examples: int,
+                 rollout: RolloutConfig, train: TrainConfig, state: dict, version_offset: int) -> None:
+        self.shard, self.fleet, self.rollout, self.train = shard, fleet, rollout, train
+        self.version_offset = version_offset
+        self.order = PromptOrder(num_examples, train.seed, state.get("epoch", 0), state.get("cursor", 0))
+        # Grader outcome counts since the run began (reward/<status>_total): carried by checkpoints.
+        self.reward_totals: dict[str, int] = {k: int(v) for k, v in state.get("reward_totals", {}).items()}
+        self.queue: StalenessQueue | None = None  # None = the synchronous loop
+        if rollout.max_staleness > 0:
+            self.queue = StalenessQueue(rollout.max_staleness)
+            self.queue.load_state(state.get("rollout_queue"), version_offset)
+        elif state.get("rollout_queue", {}).get("batches_json", "[]") != "[]":
+            raise ConfigError("the checkpoint holds rollout batches generated ahead (rollout.max_staleness "
+                              "> 0): resume it with the same rollout.max_staleness")
+        self._rounds: list[EngineRound] = []
+        self._seen: list[PromptGroup] = []
+        self._dropped = 0
+
+    @property
+    def engine(self):
+        """This rank's engine (the weight sync's destination), or None."""
+        return self.shard.engine if self.shard is not None else None
+
+    # ------------------------------------------------------------------ one step
+    def batch(self, step: int, version: int) -> RolloutBatch:
+        """The prompt groups that train 0-based ``step`` (collective: every rank joins each round)."""
+        self._rounds = []
+        if self.queue is None:
+            batch = self._collect(step, version)
+        else:  # generate ahead with the current weights (on a GPU this can overlap the update)
+            for target in self.queue.due(step):
+                self.queue.push(self._collect(target, version))
+            batch = self.queue.pop(step)
+        self._seen, self._dropped = batch.seen, batch.dropped
+        return batch
+
+    def _collect(self, step: int, version: int) -> RolloutBatch:
+        """Groups for ``step`` made now: dynamic sampling rounds, then rounded down to whole mini-batches."""
+        tc = self.train
+        kept: list[PromptGroup] = []
+        seen: list[PromptGroup] = []
+        dropped = 0
+        for r in range(tc.max_sampling_rounds if tc.dynamic_sampling else 1):
+            need = tc.prompts_per_step - len(kept)
+            groups = self._round(self.order.take(need), step, r)
+            seen += groups
+            got, d = select_groups(groups, need, tc.dynamic_sampling)
+            kept += got
+            dropped += d
+            if len(kept) >= tc.prompts_per_step:
+                break
+        if tc.dynamic_sampling and len(kept) < tc.mini_batches_per_step:
+            kept = seen[: tc.prompts_per_step]  # too few informative groups: train on what we have
+        # Round down so every mini-batch holds the same number of prompts.
+        kept = kept[: max(tc.mini_batches_per_step,
+                          len(kept) // tc.mini_batches_per_step * tc.mini_batches_per_step)]
+        return RolloutBatch(step=step, version=version, kept=kept, seen=seen, dropped=dropped)
+
+    def _round(self, idx: list[int], step: int, round_: int) -> list[PromptGroup]:
+        """Every engine samples G responses for its shard of ``idx`` and grades them; every rank gets all
+        groups, in ``idx`` order."""
+        local = self.shard.generate(idx, step, round_) if self.shard is not None else None
+        groups, rounds = gather_shards(local, self.fleet, len(idx))
+        self._rounds += rounds
+        return groups
+
+    def sleep(self) -> None:
+        """Colocation: the engine frees its memory for the update (the sync below refills it)."""
+        if self.shard is not None:
+            self.shard.sleep()
+
+    def wake_weights(self, version: int) -> None:
+        """Before a sync; the first sync (``version`` 0) loads into a fresh engine."""
+        if self.shard is not None and version > 0:
+            self.shard.wake_weights()
+
+    def metrics(self, samples: list[Sample], trained_version: int) -> dict[str, float]:
+        """This step's rollout figures: reward/group metrics over every generated group, phase times (the
+        slowest engine's), fleet, staleness and grader totals."""
+        rounds = self._rounds
+        out = group_metrics(self._seen, max_new_tokens=self.rollout.max_new_tokens)
+        # A phase lasts as long as its slowest engine, summed over the step's rounds.
+        out["time/generate"] = _per_round_max(rounds, "seconds")
+        out["time/grade"] = _per_round_max(rounds, "grade_seconds")
+        out["rollout/dropped_groups"] = float(self._dropped)
+        if self.queue is not None:
+            out.update(staleness_metrics(samples, trained_version, self.rollout.max_staleness))
+        for k, v in reward_totals(rounds).items():  # over every engine's grader
+            self.reward_totals[k] = self.reward_totals.get(k, 0) + v
+        out.update({f"reward/{k}_total": float(v) for k, v in self.reward_totals.items()})
+        out.update(fleet_metrics(rounds, self.fleet.num_engines))
+        return out
+
+    def state(self) -> dict:
+        """Resumable state: prompt order, grader totals, and the queued batches (``k > 0``)."""
+        out: dict = {"reward_totals": dict(self.reward_totals), **self.order.state()}
+        if self.queue is not None:
+            out["rollout_queue"] = self.queue.state(self.version_offset)
+        return out
+
+    def close(self) -> None:
+        if self.shard is not None:
+            self.shard.close()
+
+
+def _per_round_max(rounds: list[EngineRound], attr: str) -> float:
+    """Sum over rounds of the slowest engine's ``attr`` (engines of one round run in parallel)."""
+    by_round: dict[int, float] = {}
+    seen: dict[int, int] = {}
+    for r in rounds:  # gathered in round order: each round contributes one entry per engine
+        k = seen.get(r.engine, 0)
+        seen[r.engine] = k + 1
+        by_round[k] = max(by_round.get(k, 0.0), getattr(r, attr))
+    return sum(by_round.values())

@@ -1,0 +1,122 @@
+"""The package's layering, read from the source (imports inside functions count: a lazy import is still
+an arrow).
+
+    cli  >  launch  >  train  >  {loss, parallel, model, conversion, rollout, reward, data, eval}
+    recipes  >  config.py  >  every section's config module;  plugins.py, errors.py at the bottom
+
+plus the device seam (only ``parallel/device.py`` reaches the CPU shim, nothing calls the tensor-type
+spoof) and the config rule (under ``train/`` only the component builders take the root config).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "megatron_maspo"
+LOWER = {"loss", "parallel", "model", "conversion", "rollout", "reward", "data", "eval"}
+UPPER_OF = {**{room: {"train", "launch", "cli"} for room in LOWER}, "train": {"launch", "cli"},
+            "launch": {"cli"}}
+BOTTOM = {"plugins.py", "errors.py"}
+# the only places under train/ whose functions may take the root MaspoConfig: the builders and the entry
+ROOT_CONFIG_OK = {"train/components.py", "train/loop.py:Trainer.__init__", "train/loop.py:train"}
+
+
+def _modules() -> list[tuple[Path, ast.Module]]:
+    return [(f, ast.parse(f.read_text())) for f in sorted(PKG.rglob("*.py"))]
+
+
+def _imports(tree: ast.Module) -> list[str]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append(node.module)
+            out += [f"{node.module}.{a.name}" for a in node.names]  # `from pkg import module`
+    return [m for m in out if m.startswith("megatron_maspo.")]
+
+
+@pytest.fixture(scope="module")
+def modules():
+    return _modules()
+
+
+def test_no_import_runs_up_a_layer(modules):
+    breaks = []
+    for f, tree in modules:
+        rel = f.relative_to(PKG).parts
+        room = rel[0] if len(rel) > 1 else None
+        for m in _imports(tree):
+            target = m.split(".")[1]
+            if room and target in UPPER_OF.get(room, ()):
+                breaks.append(f"{'/'.join(rel)} -> {m}")
+    assert not breaks, breaks
+
+
+def test_config_sits_above_sections_and_below_recipes(modules):
+    bad = []
+    for f, tree in modules:
+        rel = "/".join(f.relative_to(PKG).parts)
+        for m in _imports(tree):
+            if rel.endswith("config.py") and rel != "config.py" and m in ("megatron_maspo.config",):
+                bad.append(f"section config {rel} imports the root config")
+            if rel == "config.py" and m.startswith("megatron_maspo.recipes"):
+                bad.append(f"config.py imports {m}")
+            if rel in BOTTOM and not any(m.startswith(f"megatron_maspo.{b[:-3]}") for b in BOTTOM):
+                bad.append(f"{rel} (bottom layer) imports {m}")
+    assert not bad, bad
+
+
+def test_one_device_seam(modules):
+    shim_users, spoof_calls = set(), []
+    for f, tree in modules:
+        rel = "/".join(f.relative_to(PKG).parts)
+        if rel == "parallel/cpu_compat.py":
+            continue
+        if any(m.startswith("megatron_maspo.parallel.cpu_compat") for m in _imports(tree)):
+            shim_users.add(rel)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                fn = node.func
+                name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+                if name == "spoof_tensor_type":
+                    spoof_calls.append(rel)
+                if name == "is_available" and isinstance(fn, ast.Attribute) and \
+                        ast.unparse(fn.value) == "torch.cuda" and rel != "parallel/device.py":
+                    spoof_calls.append(f"{rel}: torch.cuda.is_available() (ask parallel.device.on_cuda)")
+    assert shim_users <= {"parallel/device.py"}, shim_users
+    assert not spoof_calls, spoof_calls
+
+
+def test_only_builders_take_the_root_config_under_train(modules):
+    takers = []
+    for f, tree in modules:
+        rel = "/".join(f.relative_to(PKG).parts)
+        if not rel.startswith("train/"):
+            continue
+
+        def visit(node, prefix=""):
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.ClassDef):
+                    visit(child, f"{prefix}{child.name}.")
+                elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    args = [*child.args.posonlyargs, *child.args.args, *child.args.kwonlyargs]
+                    if any(a.annotation is not None and "MaspoConfig" in ast.unparse(a.annotation)
+                           for a in args):
+                        name = f"{rel}:{prefix}{child.name}"
+                        if rel not in ROOT_CONFIG_OK and name not in ROOT_CONFIG_OK:
+                            takers.append(name)
+                    visit(child, f"{prefix}{child.name}.")
+
+        visit(tree)
+    assert not takers, takers
+
+
+def test_train_rooms_stay_small():
+    top = [f.name for f in (PKG / "train").glob("*.py") if f.name != "__init__.py"]
+    assert len(top) <= 12, top
+    sizes = {f: sum(1 for _ in f.open()) for f in PKG.rglob("*.py")}
+    assert max(sizes.values()) <= 600, max(sizes.items(), key=lambda kv: kv[1])
