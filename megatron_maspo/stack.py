@@ -148,8 +148,9 @@ def collect(*, try_te: bool | None = None) -> StackReport:
     nccl = None
     if torch.version.cuda is not None:
         try:
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except (RuntimeError, AttributeError):
+            v = torch.cuda.nccl.version()  # a (major, minor, patch[, suffix]) tuple in torch 2.x
+            nccl = ".".join(map(str, v[:3])) if isinstance(v, tuple) else str(v)
+        except (RuntimeError, AttributeError, TypeError):
             nccl = None
     driver, gpus = _driver_and_gpus(torch)
     if try_te is None:
