@@ -198,7 +198,8 @@ class Trainer:
                 if not part:
                     continue
                 tr = torch.cat([s.old_logprobs for s in part])
-                ro = torch.cat([torch.tensor(s.rollout_logprobs[: len(s.old_logprobs)]) for s in part])
+                ro = torch.cat([torch.as_tensor(s.rollout_logprobs, dtype=torch.float32)[: len(s.old_logprobs)]
+                                for s in part])
                 out.update({prefix + k.removeprefix("mismatch/"): float(v)
                             for k, v in mismatch_metrics(tr, ro, torch.ones_like(tr)).items()})
         # Megatron orders ranks tp-cp-ep-dp-pp: (last stage, dp 0, tp 0) is global rank (pp-1)*tp*dp.

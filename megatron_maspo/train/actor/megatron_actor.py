@@ -26,11 +26,14 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
+from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.loss.group_stats import needs_current_logprobs
 from megatron_maspo.loss.metrics import finalize_metrics, reduce_metrics
 from megatron_maspo.loss.policy import compute_policy_loss
 from megatron_maspo.model.config import ModelConfig
+from megatron_maspo.model.packed_attention import build_packed_seq_params
 from megatron_maspo.model.provider import build_model_chunks
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel import comm
@@ -94,6 +97,7 @@ class MegatronActor:
             raise ValueError(f"parallel groups (tp={groups.tp}, pp={groups.pp}, ep={groups.ep}) do not "
                              f"match parallel (tp={p.tp}, pp={p.pp}, ep={p.ep})")
         self.spec, self.groups = spec, groups
+        self.model_cfg, self.parallel_cfg = model, parallel
         self.loss_cfg, self.train_cfg, self.temperature = loss, train, temperature
         self.device = default_device()
         self.opts = actor_build_options(model, parallel)  # shared with the inference-only policy
@@ -156,8 +160,6 @@ class MegatronActor:
         dev = self.device
         per_token = {k: (None if t is None else t.to(dev))
                      for k, t in token_inputs(samples, mb).items()}
-        from megatron_maspo.model.packed_attention import build_packed_seq_params  # megatron: lazy
-
         n_tok = torch.tensor(mb.resp_lens, dtype=torch.long)
         grp = {k: torch.repeat_interleave(torch.tensor([float(samples[i].group_stats[k]) for i in mb.sample_index],
                                                        dtype=torch.float32), n_tok).to(dev)
@@ -177,8 +179,6 @@ class MegatronActor:
              forward_only: bool, replay: list | None = None) -> None:
         """One Megatron schedule over ``inputs``; ``replay`` = per-input routing targets
         (``train/actor/routing_replay.py``), armed on the routers right before each forward."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
         seq = max(int(x.tokens.shape[1]) for x in inputs)
         its = ([self.replay.iterate(c, inputs, replay, self.device) for c in range(len(chunks))]
                if replay is not None and self.replay is not None else [iter(inputs) for _ in chunks])
@@ -278,8 +278,6 @@ class MegatronActor:
         """True when the old-log-prob recompute provably equals the training forward (one mini-batch:
         no optimizer step between them), ``train.check_first_ratio`` does not ask to verify it and no
         mini-batch statistic (BAPO's bounds, QUATRO's dual ascent) needs π_old before the forward."""
-        from megatron_maspo.loss.group_stats import needs_current_logprobs
-
         return (len(plans) == 1 and not self.train_cfg.check_first_ratio
                 and not needs_current_logprobs(self.loss_cfg)
                 and self.replay_mode != "old_logprobs")  # the training forward does not replay

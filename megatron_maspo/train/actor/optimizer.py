@@ -16,6 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron_maspo.train.config import OptimConfig
 
@@ -71,12 +78,6 @@ def wrap_ddp(chunks: list, *, distributed_optimizer: bool, overlap_grad_reduce: 
     sync per micro-batch) and ``finalize_model_grads_func`` (DP all-reduce, tied-embedding sum and
     the 1/N_glob scaling, once per optimizer step).
     """
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-        finalize_model_grads,
-    )
-
     ddp_cfg = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=overlap_grad_reduce,
         overlap_param_gather=overlap_param_gather,
@@ -102,9 +103,6 @@ def build_optimizer(chunks: list, optim: OptimConfig, *, total_steps: int, bf16:
         distributed_optimizer: shard optimizer state over DP (Megatron DistributedOptimizer).
         overlap_grad_reduce, overlap_param_gather: Megatron DDP overlap (:func:`overlap_options`).
     """
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
     wrapped = wrap_ddp(chunks, distributed_optimizer=distributed_optimizer,
                        overlap_grad_reduce=overlap_grad_reduce,
                        overlap_param_gather=overlap_param_gather)
