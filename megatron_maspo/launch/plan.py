@@ -90,6 +90,7 @@ from megatron_maspo.launch.plan_model import (
     active_params,
     dense_attention_bytes,
     expert_active_params,
+    gemm_mfu,
     kv_bytes_per_token,
     local_params,
 )
@@ -255,7 +256,7 @@ def _engine_bytes(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, wor
 
 
 def _memory(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, dp: int, sh: _Shape, engine: float,
-            hw: Assumptions) -> tuple[Memory, dict[str, float]]:
+            engine_w: float, hw: Assumptions) -> tuple[Memory, dict[str, float]]:
     """Per-GPU memory and the bytes per offload category moved to the host during generation."""
     tr = cfg.train
     p_dense, p_expert = local_params(spec, lay, cfg.model.make_vocab_size_divisible_by)
@@ -282,7 +283,8 @@ def _memory(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, dp: int, sh: _Shape, 
                  activations=act / GIB, logprob=logprob / GIB, engine=engine / GIB,
                  reserve=hw.reserve_gb, attention=attn / GIB, attention_backend=backend,
                  reference=(state["params"] - p_local * elt) / GIB,
-                 offloaded={c: b / GIB for c, b in off.items() if b})
+                 offloaded={c: b / GIB for c, b in off.items() if b}, engine_weights=engine_w / GIB,
+                 sync_bucket=cfg.rollout.bucket_mb / 1024)
     return mem, off
 
 
@@ -312,7 +314,11 @@ def _trainer_seconds(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, 
         f_fwd += 2 * spec.num_layers * spec.num_attention_heads * spec.kv_channels * avg_seq**2 * n_seqs
     f_exp = 2 * expert_active_params(spec) * n_seqs * avg_seq
     peak = world * hw.peak_tflops * 1e12
-    fwd_s = (f_fwd - f_exp) / (peak * hw.mfu) + f_exp / (peak * hw.moe_expert_mfu)
+    mfu = gemm_mfu(hw.mfu, spec.hidden_size, lay.tp, sh.n_tok, ref_width=hw.mfu_ref_width,
+                   ref_tokens=hw.mfu_ref_tokens)
+    # 1F1B pipeline bubble: (pp - 1) / (micro-batches x virtual stages) of each pass idles (Narayanan 2021)
+    bubble = 1 + (lay.pp - 1) / (sh.n_micro * (lay.vpp or 1))
+    fwd_s = ((f_fwd - f_exp) / (peak * mfu) + f_exp / (peak * hw.moe_expert_mfu)) * bubble
     ring_f, ring_b = _cp_ring(spec, lay, tr.max_tokens_per_micro_batch, avg_seq, sh.elt, hw, gpus_per_node)
     ring_fwd = ring_f * sh.n_micro * tr.mini_batches_per_step * (spec.num_layers // lay.pp)
     ring_bwd = ring_b * sh.n_micro * tr.mini_batches_per_step * (spec.num_layers // lay.pp)
@@ -346,7 +352,14 @@ def _generation(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, fleet
                       weight_bytes_full=w_full, weight_bytes_tail=w_tail, kv_token_bytes=kvpt,
                       active_params=active_params(spec), vllm_tp=lay.vllm_tp)
     return generation_seconds(load, hbm_tb_s=hw.hbm_tb_s, decode_eff=hw.decode_bw_eff,
-                              peak_tflops=hw.peak_tflops, mfu=hw.mfu)
+                              peak_tflops=hw.peak_tflops, mfu=hw.mfu, step_fixed_s=hw.decode_step_ms * 1e-3)
+
+
+def _grading_seconds(cfg: MaspoConfig, fleet: FleetLayout | None, n_seqs: int, hw: Assumptions) -> float:
+    """math-verify on the most loaded engine rank: its responses over its reward workers (each engine
+    rank grades what it generated, train/loop.py), after generation and before the log-prob pass."""
+    per_engine = max(fleet.shard_sizes(cfg.train.prompts_per_step)) * cfg.rollout.group_size if fleet else n_seqs
+    return per_engine / (cfg.reward.num_workers * hw.grade_items_per_s)
 
 
 def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_per_node: int,
@@ -362,7 +375,7 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
         return Plan(layout=lay, world=world, dp=0, reasons=reasons)
     sh = _shape(cfg, spec, lay, dp, hw, reasons)
     engine, engine_w, kv_pool = _engine_bytes(cfg, spec, lay, sh, world, hw)
-    mem, off = _memory(cfg, spec, lay, dp, sh, engine, hw)
+    mem, off = _memory(cfg, spec, lay, dp, sh, engine, engine_w, hw)
     kv_seqs = int(max(0.0, kv_pool) // (kv_bytes_per_token(spec, lay.vllm_tp) * sh.seq_max))
     reasons += _memory_reasons(mem, sh, kv_pool, kv_seqs, hw)
     old_lp, update = _trainer_seconds(cfg, spec, lay, sh, world, hw, gpus_per_node)
@@ -376,7 +389,8 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
                 transport=ro.weight_transport if ro.engine == "vllm" else "in-process", bucket_mb=ro.bucket_mb,
                 gpus_per_node=gpus_per_node,
                 time=StepTime(generation=gen, old_logprob=old_lp, update=update, sync=sync,
-                              offload=2 * sum(off.values()) / (hw.host_gb_s * 1e9)))
+                              offload=2 * sum(off.values()) / (hw.host_gb_s * 1e9),
+                              grading=_grading_seconds(cfg, fleet, sh.n_seqs, hw)))
 
 
 def _divisors(n: int, cap: int) -> list[int]:

@@ -88,3 +88,22 @@ def expert_active_params(spec: ArchSpec) -> float:
         return 0.0
     assert spec.moe_ffn_hidden_size
     return float(spec.num_layers * spec.moe_router_topk * 3 * spec.hidden_size * spec.moe_ffn_hidden_size)
+
+
+GEMM_WIDTH_EXPONENT = 0.06
+"""How Megatron's MFU falls with GEMM size: NVIDIA/Megatron-LM's README weak-scaling table (H100, 4,096-token
+sequences) goes from 41% MFU for its smallest GPT model (2B, hidden 2048) to 47% for the largest (462B,
+hidden 20480): 0.87x over 10x the hidden size, (1/10)^0.06 = 0.87. Narayanan et al. 2021 (SC21, Table 1:
+44% of A100 peak at 1.7B and hidden 2304, 44-52% up to 1T) show the same weak dependence."""
+
+
+def gemm_mfu(mfu: float, hidden: int, tp: int, micro_tokens: int, *, ref_width: int, ref_tokens: int) -> float:
+    """Dense MFU for GEMMs of per-GPU width ``hidden / tp`` over ``micro_tokens`` rows.
+
+    ``mfu`` holds at width ``ref_width`` and ``ref_tokens`` rows; narrower or shorter GEMMs lose by the
+    power law of :data:`GEMM_WIDTH_EXPONENT` (wider ones gain by it, capped at 1.15x: Megatron's largest
+    models reach 47-52%, ~1.15x the 41-44% of its 2B models).
+    """
+    width = (hidden / tp) / ref_width
+    rows = min(1.0, micro_tokens / ref_tokens)
+    return mfu * min(1.15, width**GEMM_WIDTH_EXPONENT) * rows**GEMM_WIDTH_EXPONENT

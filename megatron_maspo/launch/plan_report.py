@@ -20,7 +20,9 @@ def format_plan(plan: Plan, title: str = "") -> str:
                      + (f"  reference {m.reference:.1f}" if m.reference else ""))
         quad = f"{m.attention:.1f} GiB [S, S] mask/scores/probs" if m.attention else "linear (in activations)"
         lines.append(f"  attention ({m.attention_backend}): {quad}")
-        lines.append(f"  peak GiB: train {m.train_peak:.1f}  rollout {m.rollout_peak:.1f}  "
+        order = " -> ".join(f"{ph} {g:.1f}" for ph, g in m.rollout_trace)
+        lines.append(f"  rollout phases GiB (trainer order): {order}")
+        lines.append(f"  peak GiB: train {m.train_peak:.1f}  rollout {m.rollout_peak:.1f} ({m.rollout_peak_phase})  "
                      f"-> {m.peak:.1f}; KV pool holds {plan.kv_seqs} full-length sequences per engine")
         if m.offloaded:
             cats = "  ".join(f"{c} {g:.1f}" for c, g in m.offloaded.items())
@@ -28,7 +30,8 @@ def format_plan(plan: Plan, title: str = "") -> str:
                          f"per GPU ({m.host * plan.gpus_per_node:.0f} GiB per node)")
     if plan.time:
         t = plan.time
-        offload = f"  offload {t.offload:.1f}" if t.offload else ""
+        offload = (f"  offload {t.offload:.1f}" if t.offload else "") + (f"  grading {t.grading:.1f}"
+                                                                         if t.grading else "")
         lines.append(f"  step s: generation {t.generation:.0f}  old-logprob {t.old_logprob:.0f}  update "
                      f"{t.update:.0f}  sync {t.sync:.1f}{offload}  total {t.total:.0f}")
         fleet = plan.fleet.describe(plan.prompts_per_step) if plan.fleet else "1 engine (no fleet layout)"

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from megatron_maspo.launch.plan_memory import rollout_trace
+
 if TYPE_CHECKING:
     from megatron_maspo.rollout.fleet import FleetLayout
 
@@ -25,7 +27,15 @@ class Assumptions:
     hbm_tb_s: float = 3.35
     """HBM bandwidth, TB/s (H100 3.35, H200 4.8)."""
     mfu: float = 0.35
-    """Model-FLOPs utilisation of dense trainer forward/backward (RL update phases: 0.2-0.4)."""
+    """Model-FLOPs utilisation of dense trainer forward/backward at a per-GPU GEMM width of
+    ``mfu_ref_width`` and micro-batches of at least ``mfu_ref_tokens`` (RL update phases: 0.2-0.4); other
+    shapes scale it by ``launch/plan_model.py::gemm_mfu``."""
+    mfu_ref_width: int = 2048
+    """Per-GPU GEMM width (hidden / TP) at which ``mfu`` holds: the width of the calibration rows it was
+    chosen on (Llama-3.1-8B at TP 2, 70B at TP 4, Qwen3-30B-A3B at TP 1: 2048; Qwen3-32B at TP 4: 1280)."""
+    mfu_ref_tokens: int = 4096
+    """Micro-batch tokens (the GEMMs' M dimension) from which ``mfu`` holds (Megatron's published
+    figures are at 4,096-token sequences)."""
     moe_expert_mfu: float = 0.03
     """Utilisation of the MoE expert FLOPs (token dispatch / all-to-all, grouped GEMMs on small experts,
     load imbalance). 0.03 puts Qwen3-30B-A3B's whole-model rate at ~56 TFLOP/s per GPU, inside the absolute
@@ -33,6 +43,12 @@ class Assumptions:
     decode_bw_eff: float = 0.45
     """Fraction of HBM bandwidth a decode step turns into useful weight + KV reads, all per-step costs
     (scheduling, sampling, log-prob return, kernel launch gaps) included; docs/planner-calibration.md."""
+    decode_step_ms: float = 2.0
+    """Fixed cost of one decode step of an engine besides its weight and KV reads (scheduling, sampling,
+    input preparation, kernel launches), milliseconds; docs/planner-calibration.md gives its source."""
+    grade_items_per_s: float = 22.0
+    """math-verify grading throughput per reward worker (reward.num_workers per engine rank), items/s:
+    the low end of ``python scripts/bench_reward.py`` (22-37 items/s per worker on the dev machine)."""
     sync_gb_s: float = 10.0
     """Weight-sync bandwidth the transport achieves, GB/s (published colocated refits: 3-15)."""
     sync_fixed_s: float = 3.0
@@ -95,6 +111,11 @@ class Memory:
     """The frozen reference model's weights (train.reference_model), resident like the actor's."""
     offloaded: dict[str, float] = field(default_factory=dict)
     """GiB per GPU moved to host memory during generation, by offload category (launch/plan_memory.py)."""
+    engine_weights: float | None = None
+    """The engine's weights inside ``engine``, GiB; None: the whole share wakes at once (no phase order)."""
+    sync_bucket: float = 0.0
+    """One weight-sync bucket (rollout.bucket_mb) in flight during the sync, GiB."""
+
     @property
     def host(self) -> float:
         """Pinned host memory per GPU the offload needs, GiB."""
@@ -106,9 +127,21 @@ class Memory:
                 + self.attention + self.logprob + self.reserve)
 
     @property
+    def rollout_trace(self) -> list[tuple[str, float]]:
+        """(phase, GiB reached) in the trainer's order from training to generation (launch/plan_memory.py)."""
+        w = self.engine if self.engine_weights is None else self.engine_weights
+        return rollout_trace({"trainer_state": self.weights + self.reference + self.grads + self.optimizer,
+                              "reserve": self.reserve, "engine_weights": w, "sync_bucket": self.sync_bucket,
+                              "offloaded": self.host, "engine_kv": self.engine - w})
+
+    @property
     def rollout_peak(self) -> float:
-        return (self.weights + self.reference + self.grads + self.optimizer - self.host + self.engine
-                + self.reserve)
+        return max(g for _, g in self.rollout_trace)
+
+    @property
+    def rollout_peak_phase(self) -> str:
+        """The phase where the rollout peak is reached."""
+        return max(self.rollout_trace, key=lambda pg: pg[1])[0]
 
     @property
     def peak(self) -> float:
@@ -125,10 +158,12 @@ class StepTime:
     sync: float
     offload: float = 0.0
     """Moving the offloaded training state to host memory and back (train.offload_*), seconds."""
+    grading: float = 0.0
+    """Grading the most loaded engine's responses with math-verify (reward.num_workers workers), seconds."""
 
     @property
     def total(self) -> float:
-        return self.generation + self.old_logprob + self.update + self.sync + self.offload
+        return self.generation + self.old_logprob + self.update + self.sync + self.offload + self.grading
 
 
 @dataclass(frozen=True, kw_only=True)
