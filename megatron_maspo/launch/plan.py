@@ -28,7 +28,10 @@ Memory (GiB = 2^30 bytes, per GPU, on the worst pipeline stage; P_l = parameters
     reference   = P_l * (2 if bf16 else 4)        the frozen reference model (train.reference_model)
 
     train peak   = weights + reference + grads + optimizer + activations + attention + logprob + reserve
-    rollout peak = weights + reference + grads + optimizer - offloaded + engine + reserve
+    rollout peak = the highest of, in the trainer's phase order (launch/plan_memory.py::ROLLOUT_PHASE_ORDER):
+                   weights wake   state + engine weights                  state = weights + reference
+                   sync           state + engine weights + one bucket             + grads + optimizer
+                   KV wake        state - offloaded + engine                      + reserve
 
 The vLLM engine sleeps (level 1/2) during the update, so its share and the trainer's activations never
 coexist. ``offloaded`` is what train.offload_params/grads/optimizer move to host memory during generation
@@ -48,23 +51,28 @@ Selective recompute (core attention) saves nothing measurable with flash attenti
 none. Step time (seconds per rollout step) from FLOPs and bandwidth, with the efficiencies of
 :class:`Assumptions`:
 
-    old-logprob = (F_fwd - F_exp) / (W * peak * mfu) + F_exp / (W * peak * moe_expert_mfu)
+    old-logprob = ((F_fwd - F_exp) / (W * peak * mfu') + F_exp / (W * peak * moe_expert_mfu)) * bubble
+                  mfu' = mfu scaled by the GEMM shape (launch/plan_model.py::gemm_mfu: hidden / tp, micro-batch
+                  tokens); bubble = 1 + (pp - 1) / (micro-batches x vpp), the 1F1B pipeline bubble
                   F_fwd = 2 P_act T + 2 L n_h d sum(s^2)  (x2 with a reference model; dense_mask:
                   4 L n_h d S T, every token scores the whole packed row); F_exp = 2 P_exp T, the routed
                   experts' share (0 for dense models), at its own, lower utilisation
     update      = (3 or 4 with full recompute) * old-logprob's per-forward time
-    generation  = launch/plan_rollout.py: per engine, weight reads per decode step over (waves - 1) x mean
+    generation  = launch/plan_rollout.py: per engine, a fixed cost per decode step (decode_step_ms) plus
+                  weight reads per decode step over (waves - 1) x mean
                   + tail steps, KV reads per generated token, at HBM x decode_bw_eff; the tail is the
                   longest response (Assumptions.response_max, else rollout.max_new_tokens)
     sync        = sync_fixed_s + 2 P / sync bandwidth
     offload     = 2 * offloaded bytes / host_gb_s     out before generation, back before the update
+    grading     = responses of the most loaded engine / (reward.num_workers * grade_items_per_s)
     context parallelism adds its exposed ring K/V exchange to old-logprob and update (launch/plan_cp.py)
     controller  = with Assumptions.controller_gb_s only: a single-controller framework's data shipping per
                   log-prob and train call, added to old-logprob and update (launch/plan_dispatch.py)
 
 Response and prompt lengths default to fractions of their budgets; ``Assumptions.response_mean``,
 ``response_max`` and ``prompt_mean`` (``maspo plan --response-mean/--response-max/--prompt-mean``) set
-them from a measured run. docs/planner-calibration.md compares the figures with published runs.
+them from a measured run. docs/planner-calibration.md compares the figures with published runs. A plan
+refused on memory gets verdicts (launch/plan_verdict.py): each change that makes it fit, with its cost.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ categories are the offloader's categories, per GPU:
     grads       the fp32 gradient buffer
     optimizer   fp32 master copies (bf16 only) + Adam m, v, sharded by the distributed optimizer
 
-so during generation the GPU holds only what is not offloaded, and the host holds the rest:
+so once offloaded the GPU holds only what is not, and the host holds the rest:
 
-    rollout peak = weights + reference + grads + optimizer - offloaded + engine + reserve
+    rollout peak = the highest running total over ROLLOUT_PHASE_ORDER (below): the engine's weights wake
+                   and the sync runs on top of the whole resident state, the KV cache wakes after offload
     host         = offloaded per GPU (x GPUs per node for one node's pinned memory)
 
 The update phase reloads everything, so the train peak does not change. tests/distributed/
