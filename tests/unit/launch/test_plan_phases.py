@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_maspo.config import load_recipe
 from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
 from megatron_maspo.launch.plan_memory import (
     ROLLOUT_PHASE_ORDER,
@@ -12,6 +11,7 @@ from megatron_maspo.launch.plan_memory import (
     rollout_trace,
 )
 from megatron_maspo.launch.plan_verdict import CHANGES, memory_verdicts
+from megatron_maspo.recipes.registry import load_recipe
 
 TERMS = {"trainer_state": 40.0, "reserve": 3.0, "engine_weights": 15.0, "sync_bucket": 0.5, "offloaded": 30.0,
          "engine_kv": 25.0}
