@@ -6,7 +6,7 @@ paper's text does not give the learning rate, group size, sampling temperature /
 budget, step count or weight decay. The baselines' settings are said to be in its Table 4 (App. C.3),
 which is missing from the text we have: only Clip-Higher's ε_high and Advantage Reweighting's α_A
 (App. D.1) are known, so no other baseline value here is verified against the paper's runs.
-Labels cite locations listed in `recipes/sources.py` (a test checks them).
+Labels cite locations listed in `recipes/_paper_locations.py` (a test checks them).
 
 **Evaluation.** §5.1 grades evaluation with prime_math and reports Avg@32 / Pass@32 on six
 benchmarks; ``maspo eval`` grades with math-verify (the §5.1 *training* grader) by default, and these

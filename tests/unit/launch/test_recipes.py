@@ -59,13 +59,13 @@ def test_every_paper_label_cites_a_section():
 
 def test_every_cited_paper_location_exists():
     """Issue 34 defect 7: each "paper ..." label (recipes) and each "MASPO <location>" in the loss
-    parameter docs names a section / appendix / table present in the MASPO text (`recipes/sources.py`),
+    parameter docs names a section / appendix / table present in the MASPO text (`recipes/_paper_locations.py`),
     and none cites the missing Table 4 as a value's source."""
     import inspect
 
     from megatron_maspo.loss import config as loss_config
     from megatron_maspo.loss import params as loss_params
-    from megatron_maspo.recipes.sources import cited_locations, unknown_locations
+    from megatron_maspo.recipes._paper_locations import cited_locations, unknown_locations
 
     labels = [src for _, src in SETTINGS.values()] + [s[6] for s in SIZES.values()] + [ADV_REWEIGHT[1]]
     for src in labels:

@@ -1,4 +1,4 @@
-"""Locations of the MASPO paper (arXiv 2602.17550) that our labels may cite, recorded from its text.
+"""Locations of the MASPO paper (arXiv 2602.17550) that our labels may cite (not a recipe: private module).
 
 The paper's text cannot ship in this repository, so the check is against this list: the section,
 appendix and table numbers that exist in the text we audited (headings, and tables printed in it).
