@@ -419,7 +419,7 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
         reasons.append(f"{seqs_per_mini} sequences per mini-batch < dp={dp}: some ranks would get none")
 
     # --- memory -------------------------------------------------------------------------------------
-    bf16 = cfg.model.bf16
+    bf16 = cfg.model.bf16 or cfg.model.fp16  # 16-bit weights + fp32 master copy: same bytes for fp16
     p_dense, p_expert = local_params(spec, lay, cfg.model.make_vocab_size_divisible_by)
     p_local = p_dense + p_expert
     opt_per_param = 12 if bf16 else 8

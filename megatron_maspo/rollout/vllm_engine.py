@@ -140,7 +140,8 @@ class VllmEngine:
 
     Args:
         model_dir: HF directory with at least ``config.json`` (weights may be absent with ``load_format="dummy"``).
-        dtype: ``"float32"`` on CPU (exact parity tests), ``"bfloat16"`` on GPU.
+        dtype: ``"float32"`` on CPU (exact parity tests), ``"bfloat16"`` or ``"float16"`` on GPU
+            (``model.dtype_name``).
         load_format: ``"dummy"`` (weights arrive by sync) or ``"auto"``.
         seed, max_model_len, gpu_memory_utilization, tensor_parallel_size: passed to ``vllm.LLM``
             (``gpu_memory_utilization`` on GPU only).
@@ -200,7 +201,7 @@ class VllmEngine:
         model_dir = tempfile.mkdtemp(prefix="maspo_vllm_")
         with open(os.path.join(model_dir, "config.json"), "w") as f:
             json.dump(hf_config_dict(spec), f)
-        return cls(model_dir, dtype="bfloat16" if cfg.model.bf16 else "float32", load_format="dummy",
+        return cls(model_dir, dtype=cfg.model.dtype_name, load_format="dummy",
                    seed=cfg.train.seed, max_model_len=spec.max_position_embeddings,
                    gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
                    cpu_kv_cache_bytes=cfg.rollout.vllm_cpu_kv_cache_mb * 2**20,

@@ -104,7 +104,7 @@ class MegatronActor:
                 ref.eval().requires_grad_(False)
         total = cfg.train.steps * cfg.train.mini_batches_per_step
         self.overlap = overlap_options(p, cuda=self.device.type == "cuda")
-        bundle = build_optimizer(chunks, cfg.optim, total_steps=total, bf16=cfg.model.bf16,
+        bundle = build_optimizer(chunks, cfg.optim, total_steps=total, bf16=cfg.model.bf16, fp16=cfg.model.fp16,
                                  distributed_optimizer=p.distributed_optimizer, **self.overlap)
         self.chunks, self.optimizer, self.scheduler = bundle.chunks, bundle.optimizer, bundle.scheduler
         self.moe_monitor = RouterMonitor(self.chunks, num_layers=spec.num_layers) if spec.is_moe else None
@@ -311,7 +311,9 @@ class MegatronActor:
         """
         mode = self.cfg.loss.nonfinite
         bad_inputs = float(ctx.metrics.get("loss/nonfinite_tokens", 0.0)) if mode != "mask" else 0.0
-        flags = torch.tensor([0.0 if (ctx.loss_finite and grads_finite(self.chunks)) else 1.0, bad_inputs])
+        # fp16: an overflowing gradient is the loss scaler's to handle (optimizer.step skips, scale backs off)
+        grads_ok = self.cfg.model.fp16 or grads_finite(self.chunks)
+        flags = torch.tensor([0.0 if (ctx.loss_finite and grads_ok) else 1.0, bad_inputs])
         comm.all_reduce(flags, op=comm.ReduceOp.MAX)
         if mode == "raise" and flags[1] > 0:
             raise FloatingPointError(

@@ -79,7 +79,7 @@ def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any):
     if cfg.rollout.engine == "builtin":
         from megatron_maspo.rollout.builtin_engine import BuiltinEngine
 
-        dtype = torch.bfloat16 if cfg.model.bf16 else torch.float32
+        dtype = cfg.model.torch_dtype
         engine = BuiltinEngine.from_hf_config(hf_cfg, dtype=dtype)
         engine.record_routing = cfg.model.routing_replay != "off"  # MoE routing replay
         return engine

@@ -27,7 +27,8 @@ def actor_build_options(cfg: MaspoConfig) -> ModelBuildOptions:
     """The model options the actor and the inference policy share (layout, precision, spec)."""
     p = cfg.parallel
     return ModelBuildOptions(
-        tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, bf16=cfg.model.bf16, recompute=cfg.model.recompute,
+        tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, bf16=cfg.model.bf16, fp16=cfg.model.fp16,
+        recompute=cfg.model.recompute,
         make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
         calculate_per_token_loss=True, **attention_options(cfg.model.attention_backend, p.tp),
         **moe_build_options(cfg.model))

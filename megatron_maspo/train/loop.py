@@ -241,7 +241,7 @@ class Trainer:
         engine-owning ranks (0 elsewhere)."""
         from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
 
-        dtype = torch.bfloat16 if self.cfg.model.bf16 else torch.float32
+        dtype = self.cfg.model.torch_dtype
         with self.memory.phase("sync"):
             if self.engine is not None and self.version > 0 and self.cfg.rollout.sleep_level == 1:
                 self.engine.wake_up()  # level 1 kept (offloaded) weights; level 2 is woken by the load
