@@ -1,4 +1,4 @@
-"""GSPO: Group Sequence Policy Optimization (Zheng et al. 2025, arXiv 2507.18071; loss-formulas.md §16).
+"""GSPO: Group Sequence Policy Optimization (Zheng et al. 2025, arXiv 2507.18071; loss-formulas.md §17).
 
 The importance ratio is the length-normalised sequence likelihood ratio (GSPO §4.1, Eq. for s_i)
 

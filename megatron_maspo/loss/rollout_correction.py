@@ -1,4 +1,4 @@
-"""Trainer/rollout-engine mismatch correction (loss-formulas.md §17), one factor for every method.
+"""Trainer/rollout-engine mismatch correction (loss-formulas.md §18), one factor for every method.
 
 With k_t = π_old(t) / π_rollout(t) (trainer-recomputed over engine log-probs, both detached), the
 per-token surrogate loss of any method is multiplied by a detached factor c_t:

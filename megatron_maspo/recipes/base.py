@@ -9,9 +9,10 @@ which is missing from the text we have: only Clip-Higher's ε_high and Advantage
 Labels cite locations listed in `recipes/_paper_locations.py` (a test checks them).
 
 **Evaluation.** §5.1 grades evaluation with prime_math and reports Avg@32 / Pass@32 on six
-benchmarks; ``maspo eval`` grades with math-verify (the §5.1 *training* grader) by default, and these
-recipes set no in-training evaluation (``eval.every`` 0, no benchmarks): configure ``eval.*`` and a
-prime_math-compatible grader to reproduce the paper's figures.
+benchmarks; ``maspo eval`` grades with math-verify (the §5.1 *training* grader) unless given
+``--grader prime_math`` (`reward/prime_grader.py`, the evaluation grader's rules), and these recipes
+set no in-training evaluation (``eval.every`` 0, no benchmarks), so no in-training Avg@32 exists
+unless ``eval.*`` is configured.
 
 ``table1(method, size)`` builds one cell of Table 1 (methods GRPO, Clip-Higher, DAC, Entropy
 Advantage, BAPO, SAPO, MASPO, plus entropy regularisation and advantage reweighting) on
