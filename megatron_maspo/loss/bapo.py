@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_maspo.loss.base import MethodOutput, TokenContext, clamped_log_ratio
-from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.loss.config import BAPO_METHODS, LossConfig
 from megatron_maspo.loss.ppo import ppo_clip_loss
 from megatron_maspo.parallel import comm
 
@@ -45,7 +45,7 @@ def bapo_search_bounds(ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tenso
     Returns:
         (c_low, c_high, share) with share the positive share reached at the returned bounds.
     """
-    p = cfg.params
+    p = cfg.params if cfg.method in BAPO_METHODS else cfg.bapo  # another method: the paper's group
     r = ratio.detach()
     a_abs = adv.detach().abs() * mask
     pos, neg = (adv > 0) & mask, (adv < 0) & mask
