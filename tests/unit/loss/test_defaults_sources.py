@@ -71,8 +71,8 @@ def test_quatro_default_is_query_adaptive():
     old = -torch.rand(32, generator=g, dtype=F64)
     _, met = compute_policy_loss(cfg, old + 0.01, old, adv, torch.ones(32, dtype=torch.bool),
                                  num_tokens_global=32, seq_ids=seq, prompt_ids=prompt)
-    from megatron_maspo.loss.quatro import _lambdas, quatro_divergence
     from megatron_maspo.loss.base import TokenContext
+    from megatron_maspo.loss.quatro import _lambdas, quatro_divergence
     lam = _lambdas(cfg, quatro_divergence(torch.zeros(32, dtype=F64), "kl_new_old", False), adv,
                    TokenContext(mask=torch.ones(32, dtype=torch.bool), seq_ids=seq, prompt_ids=prompt))
     assert lam[0] != lam[-1]  # per-query duals differ
