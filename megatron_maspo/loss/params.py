@@ -174,9 +174,9 @@ class SapoParams:
 class CispoParams:
     """CISPO (MiniMax-M1, arXiv 2506.13585 §3.1): REINFORCE with the detached IS weight clipped.
 
-    The weight is ``min(ρ, 1+ε_high)`` by default: MiniMax-M1 tunes only ε_high^IS and sets no lower
-    bound (§3.1: ε_low^IS set large, only ε_high^IS tuned), as verl's CISPO example does. A cited baseline of
-    the MASPO paper (§2.2), not one of its Table-1 runs."""
+    The weight is ``min(ρ, 1+ε_high)`` by default: MiniMax-M1 sets no lower bound (§3.1: ε_low^IS set
+    large, only ε_high^IS tuned), as verl's CISPO example does. Cited by the MASPO paper (§2.2), not
+    one of its runs."""
 
     eps_low: float | None = None
     """ε_low^IS; None = no lower bound (MiniMax-M1 §3.1). A value clips ρ below at 1-ε_low."""
@@ -192,7 +192,7 @@ class CispoParams:
 @dataclass(kw_only=True, slots=True)
 class GppoParams:
     """(CE-)GPPO (Klear-Reasoner, arXiv 2508.07629): gradient-preserving clipping outside
-    [1-ε_low, 1+ε_high]. A cited baseline of the MASPO paper (§2.2), not one of its Table-1 runs."""
+    [1-ε_low, 1+ε_high]. Cited by the MASPO paper (§2.2), not one of its runs."""
 
     eps_low: float = 0.2
     """ε_low; 0.2 (PPO default, our choice)."""

@@ -83,7 +83,8 @@ def token_losses(method: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor
         **params: fields of the method's parameter group (``LossConfig.<method>``: e.g. alpha,
             beta_high for 'maspo'; eps_low, eps_high, dual_clip_c for 'grpo') or scalar LossConfig
             fields (log_ratio_clamp); ``mask``, ``seq_ids``, ``prompt_ids`` and ``dp_group`` are
-            also accepted for BAPO / QUATRO statistics.
+            also accepted for BAPO / QUATRO / GSPO statistics ('gspo' without ``seq_ids`` treats
+            all T tokens as one response).
 
     Returns:
         [T] loss; all tokens count as valid unless ``mask`` is passed.

@@ -190,7 +190,6 @@ def test_rollout_correction_composes_with_every_method(method):
     kw = dict(num_tokens_global=n, num_seqs_global=7, seq_ids=seq_ids, prompt_ids=seq_ids // 7,
               aggregation="token-mean")
     agg = kw.pop("aggregation")
-    base = LossConfig(method=method, aggregation=agg)
     corr = LossConfig(method=method, aggregation=agg, rollout_correction=rc)
     x = logp.clone().requires_grad_()
     loss, _ = compute_policy_loss(corr, x, old, adv, mask, rollout_logprobs=rollout, **kw)
@@ -202,7 +201,6 @@ def test_rollout_correction_composes_with_every_method(method):
     (g_ref,) = torch.autograd.grad(ref, y)
     assert abs(float(loss.detach()) - float(ref.detach())) <= 1e-10
     torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-12)
-    del base
 
 
 def test_rollout_correction_config():
