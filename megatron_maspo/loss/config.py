@@ -83,7 +83,8 @@ class LossConfig:
     one place it is configured; composes with every method and gate."""
     tis_cap: float | None = None
     """Alias of ``rollout_correction.mode='tis'`` with ``cap=tis_cap`` (pg loss ×= min(π_old/π_rollout,
-    tis_cap), detached). Setting it with another mode is an error."""
+    tis_cap), detached); `effective_rollout_correction` resolves it. Setting it together with a
+    ``rollout_correction`` mode (other than 'tis' at the same cap) is an error."""
 
     # --- advantages and per-token advantage modifiers (compose with every method) ---
     advantage: str = "grpo"
@@ -111,9 +112,16 @@ class LossConfig:
         return getattr(self, self.method)
 
     @property
+    def effective_rollout_correction(self) -> RolloutCorrectionParams:
+        """``rollout_correction``, or TIS at ``tis_cap`` when only the alias is set."""
+        if self.tis_cap is not None and self.rollout_correction.mode == "none":
+            return RolloutCorrectionParams(mode="tis", cap=self.tis_cap)
+        return self.rollout_correction
+
+    @property
     def corrects_rollout(self) -> bool:
         """True when a rollout correction (TIS or a mask) uses the engine's log-probs."""
-        return self.rollout_correction.mode != "none"
+        return self.effective_rollout_correction.mode != "none"
 
     @property
     def effective_aggregation(self) -> str:
@@ -140,10 +148,7 @@ class LossConfig:
             if not self.tis_cap > 0:
                 raise ValueError(f"LossConfig.tis_cap={self.tis_cap} must be None or > 0")
             rc = self.rollout_correction
-            if rc.mode == "none":
-                self.rollout_correction = RolloutCorrectionParams(mode="tis", cap=self.tis_cap,
-                                                                  lower=rc.lower, upper=rc.upper)
-            elif rc.mode != "tis" or rc.cap != self.tis_cap:
+            if rc.mode != "none" and (rc.mode != "tis" or rc.cap != self.tis_cap):
                 raise ValueError(f"LossConfig.tis_cap={self.tis_cap} is an alias of rollout_correction.mode="
                                  f"'tis'; it conflicts with rollout_correction (mode={rc.mode!r}, cap={rc.cap})")
         if self.effective_aggregation == "seq-mean-token-sum-norm" and not (self.norm_constant or 0) > 0:

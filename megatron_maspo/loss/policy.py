@@ -95,7 +95,7 @@ def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: t
                          "entropy_coef / entropy_adv.coef > 0"),
              "ref_logprobs": (cfg.kl_coef > 0, ref_logprobs, "kl_coef > 0"),
              "rollout_logprobs": (cfg.corrects_rollout, rollout_logprobs,
-                                  f"rollout_correction.mode={cfg.rollout_correction.mode!r}")}
+                                  f"rollout_correction.mode={cfg.effective_rollout_correction.mode!r}")}
     for name, (needed, t, why) in needs.items():
         if needed and t is None:
             raise ValueError(f"{name} [T] is required because LossConfig.{why}")
@@ -119,9 +119,10 @@ def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: t
     metrics: dict[str, torch.Tensor] = {}
     m = mask.to(lp.dtype)
     if cfg.corrects_rollout:
-        c, dropped = correction_factor(cfg.rollout_correction, old, t["rollout_logprobs"], mask, seq_ids)
+        rc = cfg.effective_rollout_correction
+        c, dropped = correction_factor(rc, old, t["rollout_logprobs"], mask, seq_ids)
         pg = pg * c.to(pg.dtype)
-        metrics.update(correction_metrics(cfg.rollout_correction, c.to(m.dtype), dropped, mask, n_glob))
+        metrics.update(correction_metrics(rc, c.to(m.dtype), dropped, mask, n_glob))
 
     def agg(x: torch.Tensor) -> torch.Tensor:
         return aggregate(x, mask, cfg.effective_aggregation, num_tokens_global=n_glob,

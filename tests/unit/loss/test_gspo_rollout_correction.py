@@ -204,7 +204,9 @@ def test_rollout_correction_composes_with_every_method(method):
 
 
 def test_rollout_correction_config():
-    assert LossConfig(tis_cap=2.0).rollout_correction == RolloutCorrectionParams(mode="tis", cap=2.0)
+    assert LossConfig(tis_cap=2.0).effective_rollout_correction == RolloutCorrectionParams(mode="tis", cap=2.0)
+    assert LossConfig(tis_cap=2.0).rollout_correction.mode == "none"  # the alias is resolved, not stored
+    LossConfig(tis_cap=2.0, rollout_correction=RolloutCorrectionParams(mode="tis", cap=2.0))  # consistent
     assert RolloutCorrectionParams(mode="icepop").band() == (0.5, 5.0)
     with pytest.raises(ValueError, match="tis_cap"):
         LossConfig(tis_cap=2.0, rollout_correction=RolloutCorrectionParams(mode="icepop"))

@@ -142,3 +142,10 @@ def test_staleness_accepts_any_rollout_correction_mode():
     with pytest.raises(RuntimeError, match="rollout_correction"):
         _version_check(stale, 1, MaspoConfig())
     _version_check(stale, 1, cfg)  # a correction is configured: accepted
+
+
+def test_tis_cap_alias_can_be_overridden_again():
+    cfg = resolve_config("tiny", None, ["loss.tis_cap=2.0", "rollout.max_staleness=1", "loss.tis_cap=3.0"])
+    assert cfg.loss.effective_rollout_correction.cap == 3.0
+    with pytest.raises(ConfigError, match="tis_cap"):
+        resolve_config("tiny", None, ["loss.tis_cap=2.0", "loss.rollout_correction.mode=icepop"])
