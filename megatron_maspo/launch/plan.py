@@ -245,7 +245,8 @@ def _shape(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, dp: int, hw: Assumptio
         inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
     return _Shape(seq_max=seq_max, avg_prompt=avg_prompt, avg_resp=avg_resp, tail=tail,
                   n_seqs=tr.prompts_per_step * ro.group_size, n_micro=n_micro, inflight=inflight,
-                  n_tok=tr.max_tokens_per_micro_batch // lay.cp, elt=2 if cfg.model.bf16 else 4,
+                  n_tok=tr.max_tokens_per_micro_batch // lay.cp,
+                  elt=2 if (cfg.model.bf16 or cfg.model.fp16) else 4,  # fp16 weights: 2 bytes too
                   has_ref=tr.reference_model or cfg.loss.kl_coef > 0)  # the actor builds one in either case
 
 
@@ -269,7 +270,7 @@ def _memory(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, dp: int, sh: _Shape, 
     tr = cfg.train
     p_dense, p_expert = local_params(spec, lay, cfg.model.make_vocab_size_divisible_by)
     p_local, elt, n_tok = p_dense + p_expert, sh.elt, sh.n_tok
-    opt_per_param = 12 if cfg.model.bf16 else 8
+    opt_per_param = 12 if (cfg.model.bf16 or cfg.model.fp16) else 8  # 16-bit weights + fp32 master copy
     d_dense = dp * lay.cp if lay.distributed_optimizer else 1  # Megatron shards over the dp x cp group
     d_expert = max(1, dp * lay.cp // lay.ep) if lay.distributed_optimizer else 1
     backend = cfg.model.attention_backend

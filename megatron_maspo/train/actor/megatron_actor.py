@@ -117,7 +117,7 @@ class MegatronActor:
                 ref.eval().requires_grad_(False)
         total = train.steps * train.mini_batches_per_step
         self.overlap = overlap_options(p, cuda=self.device.type == "cuda")
-        bundle = build_optimizer(chunks, optim, total_steps=total, bf16=model.bf16,
+        bundle = build_optimizer(chunks, optim, total_steps=total, bf16=model.bf16, fp16=model.fp16,
                                  distributed_optimizer=p.distributed_optimizer, **self.overlap)
         self.chunks, self.optimizer, self.scheduler = bundle.chunks, bundle.optimizer, bundle.scheduler
         self.moe_monitor = RouterMonitor(self.chunks, num_layers=spec.num_layers) if spec.is_moe else None
@@ -324,7 +324,9 @@ class MegatronActor:
         """
         mode = self.loss_cfg.nonfinite
         bad_inputs = float(ctx.metrics.get("loss/nonfinite_tokens", 0.0)) if mode != "mask" else 0.0
-        flags = torch.tensor([0.0 if (ctx.loss_finite and grads_finite(self.chunks)) else 1.0, bad_inputs])
+        # fp16: an overflowing gradient is the loss scaler's to handle (optimizer.step skips, scale backs off)
+        grads_ok = self.model_cfg.fp16 or grads_finite(self.chunks)
+        flags = torch.tensor([0.0 if (ctx.loss_finite and grads_ok) else 1.0, bad_inputs])
         comm.all_reduce(flags, op=comm.ReduceOp.MAX)
         if mode == "raise" and flags[1] > 0:
             raise FloatingPointError(
