@@ -73,14 +73,16 @@ def check_combinations(cfg: MaspoConfig) -> None:
     so their order does not matter).
 
     Raises:
-        ValueError: ``rollout.max_staleness > 0`` without ``loss.tis_cap``. Stale samples come from an
+        ValueError: ``rollout.max_staleness > 0`` without a rollout correction (``loss.tis_cap``, or
+            ``loss.rollout_correction.mode`` other than 'none'). Stale samples come from an
             older policy than the recomputed π_old; without the weight π_old/π_rollout the gradient is
             taken under the wrong distribution, a bias that grows with k. Which cap is a method choice,
             so it is asked for rather than silently switched on.
     """
-    if cfg.rollout.max_staleness > 0 and cfg.loss.tis_cap is None:
+    if cfg.rollout.max_staleness > 0 and not cfg.loss.corrects_rollout:
         raise ValueError(f"rollout.max_staleness={cfg.rollout.max_staleness} needs loss.tis_cap "
-                         "(e.g. 2.0): truncated IS against the stale rollout log-probs")
+                         "(e.g. 2.0: truncated IS against the stale rollout log-probs) or another "
+                         "loss.rollout_correction.mode (token_mask, icepop, seq_mask)")
 
 
 def dump_yaml(cfg: MaspoConfig) -> str:

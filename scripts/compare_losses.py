@@ -4,6 +4,9 @@ Runs ``maspo train`` (the tiny recipe: SFT warm start, then RL) once per (method
 process, and writes ``<out>/table.md``, ``<out>/results.json`` and ``<out>/reward.png`` / ``entropy.png``.
 Results are reported as measured, whatever they show; on a 2-core CPU the differences between methods
 are within seed noise for a task this small, which the table's spread column makes visible.
+``<out>/settings.md`` (also printed) states the loss settings each method ran with, resolved from the
+config with each source label; the PPO-clip baselines run twice, with verl's dual-clip c = 3 (not a
+MASPO-paper value) and without it (``*_nodual``).
 
     python scripts/compare_losses.py --seeds 1 2 3 --out runs/compare
     python scripts/compare_losses.py --methods maspo grpo --seeds 1 --set train.steps=20
@@ -21,8 +24,10 @@ from pathlib import Path
 from megatron_maspo.recipes.base import ADV_REWEIGHT, ENTROPY_ADV, ENTROPY_REG_COEF
 
 # Every Table-1 method of MASPO plus entropy regularisation and advantage reweighting, with the same
-# settings as the cluster recipes (megatron_maspo/recipes/base.py): clip 0.2 with verl's dual-clip 3,
-# Clip-Higher ε_high 0.265 (its group default), SAPO with its own seq-mean-token-mean ('auto').
+# settings as the cluster recipes (megatron_maspo/recipes/base.py): clip 0.2 with verl's dual-clip 3
+# (and a *_nodual run without it), Clip-Higher ε_high 0.265 (its group default), SAPO with its own
+# seq-mean-token-mean ('auto'); then methods the MASPO paper only cites (CISPO, GPPO), GSPO and the
+# QUATRO reconstruction (query-adaptive REPS dual by default).
 METHODS = {
     "grpo": ["loss.method=grpo"],
     "clip_higher": ["loss.method=clip_higher"],
@@ -35,7 +40,37 @@ METHODS = {
     "entropy_reg": ["loss.method=grpo", f"loss.entropy_coef={ENTROPY_REG_COEF}"],
     "adv_reweight": ["loss.method=grpo", f"loss.adv_reweight.alpha={ADV_REWEIGHT[0].alpha}"],
     "quatro": ["loss.method=quatro"],
+    "gspo": ["loss.method=gspo"],
+    "cispo": ["loss.method=cispo"],
+    "gppo": ["loss.method=gppo"],
 }
+DUAL_CLIP_GROUPS = {"grpo": "grpo", "clip_higher": "clip_higher", "dac": "dac", "bapo": "bapo",
+                    "entropy_adv": "grpo", "entropy_reg": "grpo", "adv_reweight": "grpo"}
+"""Methods with verl's dual-clip on by default, and the parameter group that holds it."""
+METHODS.update({f"{m}_nodual": [*METHODS[m], f"loss.{g}.dual_clip_c=null"] for m, g in DUAL_CLIP_GROUPS.items()
+                if m in ("grpo", "clip_higher", "dac", "bapo")})
+
+
+def method_settings(method: str, extra: list[str]) -> str:
+    """The loss settings ``method`` runs with: its parameter group and the shared loss fields that
+    differ from the defaults, resolved from the tiny recipe plus the overrides (one line)."""
+    import dataclasses
+
+    from megatron_maspo.loss.config import LossConfig
+    from megatron_maspo.overrides import apply_overrides
+    from megatron_maspo.recipes.tiny import config
+
+    cfg = apply_overrides(config(), [*METHODS[method], *extra]).loss
+    group = {f.name: getattr(cfg.params, f.name) for f in dataclasses.fields(cfg.params)}
+    default = LossConfig()
+    shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+              if f.name != "method" and not hasattr(getattr(cfg, f.name), "__dataclass_fields__")
+              and getattr(cfg, f.name) != getattr(default, f.name)}
+    for name in ("entropy_adv", "adv_reweight", "rollout_correction"):
+        if getattr(cfg, name) != getattr(default, name):
+            shared[name] = dataclasses.asdict(getattr(cfg, name))
+    shared["aggregation"] = cfg.effective_aggregation
+    return f"loss.method={cfg.method}; loss.{cfg.method}: {group}; shared: {shared}"
 
 
 def run_one(method: str, seed: int, out: Path, extra: list[str]) -> Path:
@@ -71,6 +106,10 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    settings = ["| run | loss settings it ran with (sources: docs/losses.md) |", "|---|---|"]
+    settings += [f"| {m} | {method_settings(m, args.extra)} |" for m in args.methods]
+    (out / "settings.md").write_text("\n".join(settings) + "\n")
+    print("\n".join(settings), flush=True)
     results: dict[str, list[dict]] = {}
     for m in args.methods:
         for s in args.seeds:

@@ -40,6 +40,8 @@ def add_parser(subparsers) -> None:
                    help="utilisation of routed-expert FLOPs (dispatch, grouped GEMM, imbalance; default 0.03)")
     p.add_argument("--decode-eff", type=float, default=0.45,
                    help="fraction of HBM bandwidth a decode step achieves, overheads included (default 0.45)")
+    p.add_argument("--decode-step-ms", type=float, default=2.0,
+                   help="fixed cost of one engine decode step besides its reads, ms (default 2)")
     p.add_argument("--sync-gb-s", type=float, default=10.0, help="weight-sync bandwidth GB/s (default 10)")
     p.add_argument("--controller-gb-s", type=float, default=None,
                    help="plan a single-controller framework that ships each trainer call's padded batch to every "
@@ -92,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--controller-gb-s must be > 0 GB/s, got {args.controller_gb_s}")
     hw = Assumptions(gpu_mem_gb=args.gpu_mem_gb, peak_tflops=args.peak_tflops, hbm_tb_s=args.hbm_tb_s,
                      mfu=args.mfu, moe_expert_mfu=args.moe_expert_mfu, decode_bw_eff=args.decode_eff,
+                     decode_step_ms=args.decode_step_ms,
                      sync_gb_s=args.sync_gb_s, prompt_mean=args.prompt_mean,
                      response_mean=args.response_mean, response_max=args.response_max,
                      controller_gb_s=args.controller_gb_s)
@@ -107,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
     print(format_plan(plan, "recipe layout: "))
     if plan.fits:
         return 0
+    from megatron_maspo.launch.plan_verdict import memory_verdicts
+
+    for verdict in memory_verdicts(cfg, spec, plan, nodes=args.nodes, gpus_per_node=args.gpus_per_node, hw=hw):
+        print(f"memory verdict: {verdict.describe()}")
     better = suggest(cfg, spec, nodes=args.nodes, gpus_per_node=args.gpus_per_node, hw=hw)
     if better is None:
         print("no layout over tp/pp/ep/recompute/distributed-optimizer/vllm_tp fits: add nodes or shorten "

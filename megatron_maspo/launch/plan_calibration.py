@@ -39,13 +39,20 @@ class PublishedRun:
     measured: dict[str, float]
     """Seconds per phase under the planner's names (PHASES)."""
     response_max: float | None = None
+    shared: tuple[str, ...] = SHARED
+    """Options every run of its source shares."""
+    hardware: tuple[tuple[str, float], ...] = ()
+    """``maspo plan`` hardware options (``--gpu-mem-gb`` ...) as (Assumptions field, value); none: H100."""
+    prompt_mean: float = PROMPT_MEAN
 
     def argv(self) -> list[str]:
         """``maspo plan`` arguments reproducing this run."""
         out = [BASE_RECIPE, "--nodes", str(self.nodes), "--gpus-per-node", "8"]
-        for s in (*SHARED, *self.sets):
+        for field, value in self.hardware:
+            out += [_HW_FLAGS[field], str(value)]
+        for s in (*self.shared, *self.sets):
             out += ["--set", s]
-        out += ["--prompt-mean", str(PROMPT_MEAN), "--response-mean", str(self.response_mean)]
+        out += ["--prompt-mean", str(self.prompt_mean), "--response-mean", str(self.response_mean)]
         if self.response_max is not None:
             out += ["--response-max", str(self.response_max)]
         return out
@@ -103,6 +110,46 @@ as 4 optimizer steps of 512). It publishes the step time only, so only ``total``
 ratios are reported as they come out (docs/planner-calibration.md), not held to the band."""
 
 
+_HW_FLAGS = {"gpu_mem_gb": "--gpu-mem-gb", "peak_tflops": "--peak-tflops", "hbm_tb_s": "--hbm-tb-s"}
+
+H20 = (("gpu_mem_gb", 95.0), ("peak_tflops", 148.0), ("hbm_tb_s", 4.0))
+"""NVIDIA H20: 96 GB HBM3 (95 GiB usable), 148 TFLOP/s dense bf16, 4.0 TB/s."""
+
+VERL_7B_28K = ("model.arch=qwen2.5-7b", "train.prompts_per_step=512", "rollout.group_size=16",
+               "train.mini_batches_per_step=16", "train.reference_model=false", "loss.kl_coef=0",
+               "rollout.vllm_gpu_memory_utilization=0.8", "rollout.vllm_tp=4", "data.max_prompt_tokens=2048",
+               "rollout.max_new_tokens=28672", "train.max_tokens_per_micro_batch=30720", "model.recompute=full",
+               "parallel.tp=1", "parallel.distributed_optimizer=true", "train.offload_params=true",
+               "train.offload_grads=true", "train.offload_optimizer=true")
+"""verl's colocated synchronous DAPO baseline of ``docs/advance/fully_async.md`` (volcengine/verl, read at
+commit 2147009822388b70cda46ab4a27c5400d3d113ed) with the script of
+``recipe/fully_async_policy/exp/qwen2-7B-math/fsdp2_colocate/dapo_7b_math_fsdp2_colocate.sh`` (commit
+5a85685bf472): Qwen2.5-Math-7B (the qwen2.5-7b shape), 512 prompts x 16, mini-batches of 32 prompts,
+2k prompt / 28k response budgets, vLLM TP 4 at 0.80, FSDP2 with parameter and optimizer offload, gradient
+checkpointing, no KL (so no reference model). The FSDP2 trainer is planned as Megatron TP 1 with the
+distributed optimizer (both shard the state over all ranks); its Ulysses SP 4 is not modelled."""
+
+LONG_BUDGET_RESPONSE_MEAN = 1000
+"""The doc publishes no response length. The mean is the one input fitted: on the 32-GPU row's update
+phase (the trainer's FLOP time at the planner's MFU: 316 planned vs 314 s measured at 1,000 tokens),
+and used unchanged for the other two rows, which run the same recipe."""
+
+LONG_BUDGET = (
+    PublishedRun("Qwen2.5-Math-7B, 32 H20, 28k (fitted)", 4, VERL_7B_28K, LONG_BUDGET_RESPONSE_MEAN,
+                 {"total": 790.10, "generation": 357.41, "old_logprob": 107.71, "update": 313.81},
+                 shared=(), hardware=H20),
+    PublishedRun("Qwen2.5-Math-7B, 64 H20, 28k (held out)", 8, VERL_7B_28K, LONG_BUDGET_RESPONSE_MEAN,
+                 {"total": 365.28, "generation": 150.72, "old_logprob": 70.26, "update": 133.41},
+                 shared=(), hardware=H20),
+    PublishedRun("Qwen2.5-Math-7B, 128 H20, 28k (held out)", 16, VERL_7B_28K, LONG_BUDGET_RESPONSE_MEAN,
+                 {"total": 356.30, "generation": 177.85, "old_logprob": 53.92, "update": 113.81},
+                 shared=(), hardware=H20),
+)
+"""Long-budget small-model rows: verl's colocated sync runs, averaged over 400 steps (step, gen,
+old_log_prob, update_actor; the doc's own wandb source). Reported as they come out, not held to the band
+(docs/planner-calibration.md says why)."""
+
+
 MEASURED_CONTROLLER_GB_S = 0.8
 """Controller (de)serialisation rate measured on the development machine (one AMD EPYC vCPU) by
 ``python -m megatron_maspo.launch.plan_dispatch``: 0.69-0.81 GB/s over several runs. Used only for the
@@ -122,18 +169,18 @@ def planned(run: PublishedRun, exponential_tail: bool = False,
     from megatron_maspo.recipes.registry import resolve_config
 
     world = run.nodes * 8
-    cfg = resolve_config(BASE_RECIPE, None, [f"parallel.world_size={world}", *SHARED, *run.sets])
+    cfg = resolve_config(BASE_RECIPE, None, [f"parallel.world_size={world}", *run.shared, *run.sets])
     tail = run.response_max
     if exponential_tail:
         per_engine = -(-cfg.train.prompts_per_step * cfg.rollout.group_size // (world // cfg.rollout.vllm_tp))
         tail = exponential_expected_max(run.response_mean, per_engine)
-    hw = Assumptions(prompt_mean=PROMPT_MEAN, response_mean=run.response_mean, response_max=tail,
-                     controller_gb_s=controller_gb_s)
+    hw = Assumptions(prompt_mean=run.prompt_mean, response_mean=run.response_mean, response_max=tail,
+                     controller_gb_s=controller_gb_s, **dict(run.hardware))
     plan = estimate(cfg, arch_of(cfg), layout_of(cfg), nodes=run.nodes, gpus_per_node=8, hw=hw)
     assert plan.time is not None, plan.reasons
     t = plan.time
     return {"update": t.update, "sync": t.sync, "generation": t.generation, "old_logprob": t.old_logprob,
-            "total": t.total}
+            "grading": t.grading, "total": t.total}
 
 
 def _cell(got: float, measured: float | None) -> str:
@@ -161,3 +208,5 @@ if __name__ == "__main__":
     if "--exponential-tail" not in argv:
         print()
         print(table(runs=HELD_OUT, controller_gb_s=gb_s))
+        print()
+        print(table(runs=LONG_BUDGET, controller_gb_s=gb_s))

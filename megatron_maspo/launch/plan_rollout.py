@@ -11,8 +11,12 @@ engine, mean response ``m``, tail ``T`` (the longest response of the engine's ba
     weight reads = steps_full * W_full + (T - m)+ * W_tail
                    W_full = 2 P / vllm_tp (dense; MoE: dense part + experts touched by ``conc`` tokens),
                    W_tail = the same for the few stragglers (MoE: the top-k experts of one token)
-    KV reads     = n * m * (p + m / 2) * kv_token_bytes each generated token reads its context
-    decode       = (weight reads + KV reads) / (HBM * decode_eff)
+    KV reads     = n * (p m + E[L^2] / 2) * kv_token_bytes   each generated token reads its context; the
+                   sum over a response of length L of its context is p L + L^2 / 2, so the cost follows the
+                   second moment of the lengths, not the mean alone (see ``length_second_moment``)
+    decode       = steps * step_fixed + (weight reads + KV reads) / (HBM * decode_eff)
+                   step_fixed: what a decode step costs besides its reads (scheduler, sampling, input
+                   preparation, kernel launches), the same for a 1.5B and a 70B engine
     prefill      = n * p * 2 P_act / (vllm_tp * peak * mfu)
     generation   = prefill + max(decode, n * m * 2 P_act / (vllm_tp * peak * mfu))
 
@@ -63,20 +67,54 @@ def exponential_expected_max(mean: float, n: int) -> float:
     return mean * sum(1.0 / k for k in range(1, max(1, n) + 1))
 
 
+def length_second_moment(mean: float, tail: float) -> float:
+    """E[L^2] of response lengths with mean ``mean`` bounded by ``tail`` (tokens^2).
+
+    The lengths are taken as the maximum-entropy distribution on [0, tail] with that mean: an exponential
+    truncated at the tail (rate 0, the uniform, when the mean is half the tail; no spread when mean = tail).
+    A light-tailed mean-m guess alone (L = m for every response) under-counts the KV reads of long
+    responses: with the mean far below the tail, E[L^2] approaches 2 m^2, twice the spread-free m^2.
+    """
+    if tail <= 0 or mean >= tail:
+        return mean * mean
+    if mean <= 0:
+        return 0.0
+    x = mean / tail
+    if x > 0.5:  # lengths crowd at the tail: reflect (u -> 1 - u) onto a mean below half
+        return tail * tail * (1 - 2 * (1 - x) + _unit_second_moment(1 - x))
+    return tail * tail * _unit_second_moment(x)
+
+
+def _unit_second_moment(x: float) -> float:
+    """E[u^2] of the density ~ exp(-r u) on [0, 1] whose mean is ``x`` (0 < x <= 1/2, so r >= 0)."""
+    def mean_of(r: float) -> float:
+        return 0.5 if r < 1e-9 else 1 / r - (1 / math.expm1(r) if r < 700 else 0.0)
+
+    lo, hi = 0.0, max(1.0, 2 / x)  # mean_of falls from 1/2 (r = 0) to below x (r = 2 / x)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mean_of(mid) > x else (lo, mid)
+    r = (lo + hi) / 2
+    if r < 1e-6:
+        return 1 / 3
+    # E[u^2] = (2/r^2 - e^{-r} (1 + 2/r + 2/r^2)) / (1 - e^{-r})
+    return (2 / r**2 - math.exp(-r) * (1 + 2 / r + 2 / r**2)) / -math.expm1(-r)
+
+
 def moe_touched_fraction(tokens: float, num_experts: int, topk: int) -> float:
     """Expected fraction of experts at least one of ``tokens`` tokens routes to (uniform routing)."""
     return 1.0 - (1.0 - topk / num_experts) ** max(1.0, tokens)
 
 
 def generation_seconds(load: EngineLoad, *, hbm_tb_s: float, decode_eff: float, peak_tflops: float,
-                       mfu: float) -> float:
+                       mfu: float, step_fixed_s: float = 0.0) -> float:
     """Seconds one engine needs for its share (module docstring formula)."""
     n, m, tail, p = load.seqs, load.mean, max(load.tail, load.mean), load.prompt
     waves = math.ceil(n / max(1, load.conc))
     steps_full = (waves - 1) * m + m
     weights = steps_full * load.weight_bytes_full + (tail - m) * load.weight_bytes_tail
-    kv = n * m * (p + m / 2) * load.kv_token_bytes
-    decode = (weights + kv) / (hbm_tb_s * 1e12 * decode_eff)
+    kv = n * (p * m + length_second_moment(m, tail) / 2) * load.kv_token_bytes
+    decode = (steps_full + tail - m) * step_fixed_s + (weights + kv) / (hbm_tb_s * 1e12 * decode_eff)
     flops_rate = load.vllm_tp * peak_tflops * 1e12 * mfu
     prefill = n * p * 2 * load.active_params / flops_rate
     return prefill + max(decode, n * m * 2 * load.active_params / flops_rate)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_maspo.loss.base import MethodOutput, TokenContext, clamped_log_ratio
-from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.loss.config import BAPO_METHODS, LossConfig
 from megatron_maspo.loss.ppo import ppo_clip_loss
 from megatron_maspo.parallel import comm
 
@@ -38,13 +38,14 @@ def bapo_search_bounds(ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tenso
         ratio: [T] ρ (detached inside).
         adv: [T] Â.
         mask: [T] bool, valid tokens.
-        cfg: uses cfg.bapo (target share, ranges, steps, contribution, order).
+        cfg: uses ``cfg.params`` (cfg.bapo or cfg.bapo_code: target, ranges, steps, contribution,
+            order).
         dp_group: if given, candidate sums are SUM-all-reduced over it (one collective).
 
     Returns:
         (c_low, c_high, share) with share the positive share reached at the returned bounds.
     """
-    p = cfg.bapo
+    p = cfg.params if cfg.method in BAPO_METHODS else cfg.bapo  # another method: the paper's group
     r = ratio.detach()
     a_abs = adv.detach().abs() * mask
     pos, neg = (adv > 0) & mask, (adv < 0) & mask
@@ -64,19 +65,18 @@ def bapo_search_bounds(ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tenso
         tot = p_k[i] + n_j[j]
         return 1.0 if tot <= 0 else p_k[i] / tot
 
+    # Raise the preferred bound until it is exhausted, then the other, until the share is reached.
+    # Both grids are walked to their ends (a single-point range must not stop the other bound).
     i = j = 0
-    while share(i, j) < p.target_share and j + 1 < len(lows):
-        if p.order == "high_first":
-            if i + 1 < len(highs):
-                i += 1
-            else:
-                j += 1
-        elif j + 1 < len(lows):
-            j += 1
-    if p.order == "low_first":
-        # Official code: after c_low is exhausted, raise c_high.
-        while share(i, j) < p.target_share and i + 1 < len(highs):
+    target = p.share_threshold
+    while share(i, j) < target:
+        can_high, can_low = i + 1 < len(highs), j + 1 < len(lows)
+        if not (can_high or can_low):
+            break
+        if (p.order == "high_first" and can_high) or not can_low:
             i += 1
+        else:
+            j += 1
     return float(lows[j]), float(highs[i]), share(i, j)
 
 
@@ -90,5 +90,5 @@ def bapo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, ad
     else:
         found = bapo_search_bounds(ratio, adv, ctx.mask, cfg, ctx.dp_group)
         vals = [torch.tensor(v, dtype=ratio.dtype, device=ratio.device) for v in found]
-    loss, w = ppo_clip_loss(ratio, adv, vals[0], vals[1], cfg.bapo.dual_clip_c)
+    loss, w = ppo_clip_loss(ratio, adv, vals[0], vals[1], cfg.params.dual_clip_c)
     return MethodOutput(loss=loss, weight=w, ratio=ratio.detach(), extras=dict(zip(keys, vals)))

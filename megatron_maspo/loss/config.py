@@ -19,16 +19,22 @@ from megatron_maspo.loss.params import (
     DacParams,
     EntropyAdvParams,
     GppoParams,
+    GspoParams,
     MaspoParams,
     QuatroParams,
+    RolloutCorrectionParams,
     SapoParams,
+    bapo_released_code,
 )
 
-METHODS = ("grpo", "clip_higher", "dac", "bapo", "sapo", "cispo", "gppo", "maspo", "quatro")
+METHODS = ("grpo", "clip_higher", "dac", "bapo", "bapo_code", "sapo", "cispo", "gppo", "gspo", "maspo",
+           "quatro")
+BAPO_METHODS = ("bapo", "bapo_code")
 AGGREGATIONS = ("auto", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-METHOD_AGGREGATION = {"sapo": "seq-mean-token-mean"}
-"""``aggregation='auto'``: SAPO's own sequence-mean-token-mean (verl forces it for SAPO); token-mean
-for every other method (MASPO §4.1 and its baselines, DAPO)."""
+METHOD_AGGREGATION = {"sapo": "seq-mean-token-mean", "gspo": "seq-mean-token-mean"}
+"""``aggregation='auto'``: SAPO's own sequence-mean-token-mean (verl forces it for SAPO); GSPO's
+(1/G)·Σ_i (1/|y_i|)·Σ_t (GSPO paper Eq. for J_GSPO-token, §4.3); token-mean for every other method
+(MASPO §4.1, DAPO)."""
 ADVANTAGES = ("grpo", "drgrpo", "rloo")
 KL_TYPES = ("k1", "k2", "k3")
 NONFINITE = ("raise", "skip", "mask")
@@ -48,9 +54,13 @@ class LossConfig:
     """Clip-Higher as MASPO's baseline: ε_high 0.265 (MASPO App. D.1, after Skywork-OR1; DAPO 0.28)."""
     dac: DacParams = field(default_factory=DacParams)
     bapo: BapoParams = field(default_factory=BapoParams)
+    """BAPO as its paper states it (arXiv 2510.18927 §5)."""
+    bapo_code: BapoParams = field(default_factory=bapo_released_code)
+    """BAPO as its authors' released code runs it ('bapo_code'; `params.bapo_released_code`)."""
     sapo: SapoParams = field(default_factory=SapoParams)
     cispo: CispoParams = field(default_factory=CispoParams)
     gppo: GppoParams = field(default_factory=GppoParams)
+    gspo: GspoParams = field(default_factory=GspoParams)
     maspo: MaspoParams = field(default_factory=MaspoParams)
     quatro: QuatroParams = field(default_factory=QuatroParams)
 
@@ -68,14 +78,20 @@ class LossConfig:
     """β_KL on the KL to the reference policy; MASPO 0 (App. C.3), DeepSeekMath 0.04."""
     kl_type: str = "k3"
     """KL estimator: 'k1' log π/π_ref, 'k2' ½(log π/π_ref)², 'k3' r - log r - 1 with r = π_ref/π."""
+    rollout_correction: RolloutCorrectionParams = field(default_factory=RolloutCorrectionParams)
+    """Trainer/rollout-engine mismatch correction (none | tis | token_mask | icepop | seq_mask), the
+    one place it is configured; composes with every method and gate."""
     tis_cap: float | None = None
-    """Truncated IS against rollout log-probs: pg loss ×= min(π_old/π_rollout, tis_cap), detached."""
+    """Alias of ``rollout_correction.mode='tis'`` with ``cap=tis_cap`` (pg loss ×= min(π_old/π_rollout,
+    tis_cap), detached); `effective_rollout_correction` resolves it. Setting it together with a
+    ``rollout_correction`` mode (other than 'tis' at the same cap) is an error."""
 
     # --- advantages and per-token advantage modifiers (compose with every method) ---
     advantage: str = "grpo"
     """Group estimator: 'grpo' (mean/std), 'drgrpo' (mean only), 'rloo' (leave-one-out)."""
     std_unbiased: bool = True
-    """Bessel-corrected std for 'grpo' (verl, default); False = population std (MASPO App. B)."""
+    """Bessel-corrected std for 'grpo' (verl's default); False = population std, what MASPO App. B's
+    group statistics imply (the paper recipes set False; 6.5% smaller std at G = 8)."""
     eps_adv: float = 1e-6
     """ε_A added to the std; 1e-6 (verl)."""
     entropy_adv: EntropyAdvParams = field(default_factory=EntropyAdvParams)
@@ -94,6 +110,18 @@ class LossConfig:
     def params(self):  # noqa: ANN201 - one of the params.py groups
         """The parameter group of ``method``."""
         return getattr(self, self.method)
+
+    @property
+    def effective_rollout_correction(self) -> RolloutCorrectionParams:
+        """``rollout_correction``, or TIS at ``tis_cap`` when only the alias is set."""
+        if self.tis_cap is not None and self.rollout_correction.mode == "none":
+            return RolloutCorrectionParams(mode="tis", cap=self.tis_cap)
+        return self.rollout_correction
+
+    @property
+    def corrects_rollout(self) -> bool:
+        """True when a rollout correction (TIS or a mask) uses the engine's log-probs."""
+        return self.effective_rollout_correction.mode != "none"
 
     @property
     def effective_aggregation(self) -> str:
@@ -116,8 +144,13 @@ class LossConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"LossConfig.{name}={v} must be finite and >= 0")
-        if self.tis_cap is not None and not self.tis_cap > 0:
-            raise ValueError(f"LossConfig.tis_cap={self.tis_cap} must be None or > 0")
+        if self.tis_cap is not None:
+            if not self.tis_cap > 0:
+                raise ValueError(f"LossConfig.tis_cap={self.tis_cap} must be None or > 0")
+            rc = self.rollout_correction
+            if rc.mode != "none" and (rc.mode != "tis" or rc.cap != self.tis_cap):
+                raise ValueError(f"LossConfig.tis_cap={self.tis_cap} is an alias of rollout_correction.mode="
+                                 f"'tis'; it conflicts with rollout_correction (mode={rc.mode!r}, cap={rc.cap})")
         if self.effective_aggregation == "seq-mean-token-sum-norm" and not (self.norm_constant or 0) > 0:
             raise ValueError("LossConfig.norm_constant must be > 0 for aggregation="
                              "'seq-mean-token-sum-norm' (Dr.GRPO's constant C)")

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from megatron_maspo.loss.advantages import entropy_advantage, reweight_advantage
 from megatron_maspo.loss.bapo import bapo_search_bounds
 from megatron_maspo.loss.base import clamped_log_ratio
-from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.loss.config import BAPO_METHODS, LossConfig
 from megatron_maspo.loss.quatro import quatro_divergence, reps_lambda
 from megatron_maspo.parallel import comm
 
@@ -38,7 +38,7 @@ LAMBDA_KEY = "quatro/lambda"
 
 def needs_current_logprobs(cfg: LossConfig) -> bool:
     """True if the mini-batch statistics need log π_θ of the whole mini-batch before its gradient."""
-    return ((cfg.method == "bapo" and cfg.bapo.scope == "mini_batch")
+    return ((cfg.method in BAPO_METHODS and cfg.params.scope == "mini_batch")
             or (cfg.method == "quatro" and cfg.quatro.dual_solver == "dual_ascent"))
 
 
@@ -132,7 +132,7 @@ def mini_batch_stats(cfg: LossConfig, *, logprobs: torch.Tensor, old_logprobs: t
     valid = mask.bool() & torch.isfinite(lp) & torch.isfinite(old) & torch.isfinite(advantages)
     lp, old = torch.where(valid, lp, 0.0), torch.where(valid, old, 0.0)
     log_ratio = clamped_log_ratio(lp, old, cfg.log_ratio_clamp)
-    if cfg.method == "bapo":
+    if cfg.method in BAPO_METHODS:
         ent = None if entropy is None else torch.where(valid, entropy.detach().double(), 0.0)
         adv = effective_advantages(cfg, torch.where(valid, advantages.double(), 0.0), old, ent)
         c_low, c_high, share = bapo_search_bounds(torch.exp(log_ratio), adv, valid, cfg, dp_group)

@@ -1,4 +1,4 @@
-"""KL-to-reference estimators and the truncated rollout importance-sampling correction."""
+"""KL-to-reference estimators (the rollout correction, TIS included, is in `rollout_correction.py`)."""
 
 from __future__ import annotations
 
@@ -27,18 +27,3 @@ def approx_kl_old_new(log_ratio: torch.Tensor) -> torch.Tensor:
     """k3 estimate of KL(π_old ‖ π_θ) per token, ``ρ - 1 - log ρ`` ≥ 0; [T], detached."""
     lr = log_ratio.detach()
     return torch.exp(lr) - 1.0 - lr
-
-
-def tis_weight(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated importance weight ``min(π_old/π_rollout, cap)`` correcting rollout-engine mismatch.
-
-    Args:
-        old_logprobs: [T] trainer-recomputed log π_old.
-        rollout_logprobs: [T] log-probs returned by the rollout engine (vLLM).
-        cap: truncation C (e.g. 2).
-
-    Returns:
-        [T] detached weight multiplying the policy-gradient loss of any method.
-    """
-    log_w = torch.clamp(old_logprobs.detach() - rollout_logprobs.detach(), max=20.0)
-    return torch.clamp(torch.exp(log_w), max=cap)

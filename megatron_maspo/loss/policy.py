@@ -2,10 +2,11 @@
 
 Per token (loss-formulas.md §0–§13), with Â' the advantage after the optional modifiers:
 
-    ℓ_t = tis_t·surrogate_t(ρ, Â') + β_KL·KL_t(π_θ ‖ π_ref) - c_H·H_t
+    ℓ_t = c_t·surrogate_t(ρ, Â') + β_KL·KL_t(π_θ ‖ π_ref) - c_H·H_t
     Â'  = reweight(entropy_advantage(Â))          (each off by default)
 
-then aggregated with the global counts (`reduce.aggregate`). No collective runs here except BAPO's
+with c_t the rollout correction (`rollout_correction.py`: TIS, token/IcePop/sequence masks; 1 when
+off), then aggregated with the global counts (`reduce.aggregate`). No collective runs here except BAPO's
 single all-reduce over the explicitly passed ``dp_group``.
 """
 
@@ -19,10 +20,11 @@ import torch.distributed as dist
 from megatron_maspo.loss.base import TokenContext
 from megatron_maspo.loss.config import LossConfig
 from megatron_maspo.loss.group_stats import effective_advantages
-from megatron_maspo.loss.kl import approx_kl_old_new, kl_to_reference, tis_weight
+from megatron_maspo.loss.kl import approx_kl_old_new, kl_to_reference
 from megatron_maspo.loss.metrics import gate_metrics
 from megatron_maspo.loss.reduce import aggregate
 from megatron_maspo.loss.registry import check_token_inputs, surrogate
+from megatron_maspo.loss.rollout_correction import correction_factor, correction_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +67,11 @@ def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: t
         num_tokens_global: N, valid tokens of the whole mini-batch (all micro-batches and DP×CP
             ranks), counted before the first forward; also the metrics' divisor. 0 is clamped to 1.
         num_seqs_global: S, responses of the mini-batch (seq-mean-* aggregation).
-        seq_ids: [T] int64 response index per token (seq-mean-token-mean, QUATRO REPS).
+        seq_ids: [T] int64 response index per token (seq-mean-token-mean, QUATRO REPS, GSPO's
+            sequence ratio, the 'seq_mask' correction); a response's tokens must all be in this call.
         entropy: [T] H_t of π_θ (with gradient if entropy_coef > 0; detached use for Entropy Adv.).
         ref_logprobs: [T] log π_ref (needed when kl_coef > 0).
-        rollout_logprobs: [T] rollout-engine log-probs (needed when tis_cap is set).
+        rollout_logprobs: [T] rollout-engine log-probs (needed when a rollout correction is on).
         prompt_ids: [T] int64 prompt index per token (QUATRO's per-prompt duals).
         dp_group: DP group for BAPO's bound search (one all-reduce), or None.
         batch_stats: statistics over whole groups / the whole mini-batch computed before this call
@@ -91,7 +94,8 @@ def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: t
     needs = {"entropy": (cfg.entropy_coef > 0 or cfg.entropy_adv.coef > 0, entropy,
                          "entropy_coef / entropy_adv.coef > 0"),
              "ref_logprobs": (cfg.kl_coef > 0, ref_logprobs, "kl_coef > 0"),
-             "rollout_logprobs": (cfg.tis_cap is not None, rollout_logprobs, "tis_cap is set")}
+             "rollout_logprobs": (cfg.corrects_rollout, rollout_logprobs,
+                                  f"rollout_correction.mode={cfg.effective_rollout_correction.mode!r}")}
     for name, (needed, t, why) in needs.items():
         if needed and t is None:
             raise ValueError(f"{name} [T] is required because LossConfig.{why}")
@@ -114,11 +118,11 @@ def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: t
     pg = out.loss
     metrics: dict[str, torch.Tensor] = {}
     m = mask.to(lp.dtype)
-    if cfg.tis_cap is not None:
-        tis = tis_weight(old, t["rollout_logprobs"], cfg.tis_cap)
-        pg = pg * tis
-        metrics["tis/weight_mean"] = (tis * m).sum() / n_glob
-        metrics["tis/truncated_frac"] = ((tis >= cfg.tis_cap).to(m.dtype) * m).sum() / n_glob
+    if cfg.corrects_rollout:
+        rc = cfg.effective_rollout_correction
+        c, dropped = correction_factor(rc, old, t["rollout_logprobs"], mask, seq_ids)
+        pg = pg * c.to(pg.dtype)
+        metrics.update(correction_metrics(rc, c.to(m.dtype), dropped, mask, n_glob))
 
     def agg(x: torch.Tensor) -> torch.Tensor:
         return aggregate(x, mask, cfg.effective_aggregation, num_tokens_global=n_glob,

@@ -76,12 +76,15 @@ def dac(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv
 
 def cispo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv: torch.Tensor,
           ctx: TokenContext) -> MethodOutput:
-    """CISPO (MiniMax-M1; loss-formulas.md §10): ``-sg[clip(ρ, 1-ε_low, 1+ε_high)]·Â·log π_θ``.
+    """CISPO (MiniMax-M1 §3.1; loss-formulas.md §10): ``-sg[min(ρ, 1+ε_high)]·Â·log π_θ``.
 
-    No token is dropped; ``w = clip(ρ)/ρ``. The forward value uses log π_θ as in the paper/verl.
+    No token is dropped; ``w = clip(ρ)/ρ``: 1 for every ρ ≤ 1+ε_high (no lower bound by default,
+    MiniMax-M1 §3.1), or ``max(ρ, 1-ε_low)`` below when ``cispo.eps_low`` is set. The forward value
+    uses log π_θ as in the paper/verl.
     """
     r = torch.exp(clamped_log_ratio(logprobs, old_logprobs, cfg.log_ratio_clamp).detach())
-    clipped = torch.clamp(r, 1.0 - cfg.cispo.eps_low, 1.0 + cfg.cispo.eps_high)
+    low = None if cfg.cispo.eps_low is None else 1.0 - cfg.cispo.eps_low
+    clipped = torch.clamp(r, min=low, max=1.0 + cfg.cispo.eps_high)
     # ρ only enters detached here, so the log-ratio clamp changes nothing but the logged ratio.
     loss = -clipped * adv * logprobs
     return MethodOutput(loss=loss, weight=clipped / r, ratio=r)

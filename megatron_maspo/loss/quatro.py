@@ -1,7 +1,9 @@
-"""QUATRO-reconstruction: query-adaptive trust region (Lee et al. 2026, arXiv 2602.04620).
+"""QUATRO-reconstruction: query-adaptive trust region (arXiv 2602.04620).
 
-**This is a reconstruction** from the abstract and third-party summaries (loss-formulas.md §14); no code
-was released. Report results as "QUATRO-reconstruction". Per prompt q, the Lagrangian of
+**This is a reconstruction** from the abstract and a third-party summary (loss-formulas.md §14); no code
+and no author list is available to us. Only "query-adaptive trust region, enforced directly" is from the
+abstract; the Lagrangian / per-prompt duals / log-ratio stabiliser follow the summary; the rest is ours.
+Report results as "QUATRO-reconstruction". Per prompt q, the Lagrangian of
 ``max E_old[ρ·Â] s.t. D_q ≤ δ_q`` gives the token objective (§14.2)
 
     J_t = ρ·Â - sg[λ_q]·D(ρ)
@@ -14,7 +16,8 @@ with the stabiliser ``D`` chosen by ``quatro.divergence``:
     k3          D = ρ - 1 - log ρ     ∇loss = -(ρ·Â - λ(ρ - 1))·∇log π
 
 It is additive, so it acts on degenerate groups (Â = 0) too. The dual variable λ_q per prompt comes
-from ``quatro.dual_solver``: 'fixed' (λ_init), 'dual_ascent' (one projected step
+from ``quatro.dual_solver``: 'reps_closed_form' (the default, last below), 'fixed' (λ_init, not
+query-adaptive), 'dual_ascent' (one projected step
 ``clip(λ_init + η·(D̂_q - δ), λ_min, λ_max)`` with D̂_q the prompt's mean detached D over this call's
 tokens; a stateful controller across steps belongs to the trainer), or 'reps_closed_form'
 (``argmin_λ λδ + λ·log mean_j exp(Â_j/λ)`` over the prompt's responses, on a log-spaced grid).

@@ -10,6 +10,7 @@ import torch
 from megatron_maspo.loss.bapo import bapo
 from megatron_maspo.loss.base import MethodOutput, TokenContext
 from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.loss.gspo import gspo
 from megatron_maspo.loss.maspo import maspo
 from megatron_maspo.loss.ppo import cispo, dac, gppo, grpo
 from megatron_maspo.loss.quatro import quatro
@@ -22,9 +23,11 @@ METHOD_REGISTRY: dict[str, SurrogateFn] = {
     "clip_higher": grpo,  # same PPO-clip, decoupled eps_low / eps_high (DAPO)
     "dac": dac,
     "bapo": bapo,
+    "bapo_code": bapo,  # the same surrogate with the released code's group (loss.bapo_code)
     "sapo": sapo,
     "cispo": cispo,
     "gppo": gppo,
+    "gspo": gspo,
     "maspo": maspo,
     "quatro": quatro,
 }
@@ -80,7 +83,8 @@ def token_losses(method: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor
         **params: fields of the method's parameter group (``LossConfig.<method>``: e.g. alpha,
             beta_high for 'maspo'; eps_low, eps_high, dual_clip_c for 'grpo') or scalar LossConfig
             fields (log_ratio_clamp); ``mask``, ``seq_ids``, ``prompt_ids`` and ``dp_group`` are
-            also accepted for BAPO / QUATRO statistics.
+            also accepted for BAPO / QUATRO / GSPO statistics ('gspo' without ``seq_ids`` treats
+            all T tokens as one response).
 
     Returns:
         [T] loss; all tokens count as valid unless ``mask`` is passed.
@@ -91,6 +95,9 @@ def token_losses(method: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor
     if method not in METHOD_REGISTRY:
         raise ValueError(f"unknown method {method!r}; registered: {sorted(METHOD_REGISTRY)}")
     ctx_keys = {"mask", "seq_ids", "prompt_ids", "dp_group"}
+    if method == "gspo" and params.get("seq_ids") is None:
+        # one response by default, as `mask` defaults to all-valid
+        params = {**params, "seq_ids": torch.zeros(logprobs.shape[0], dtype=torch.long)}
     default = LossConfig()
     group_cls = type(getattr(default, method))
     own = {f.name for f in fields(group_cls)}

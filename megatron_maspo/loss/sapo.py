@@ -23,6 +23,10 @@ def sapo(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor, ad
          ctx: TokenContext) -> MethodOutput:
     """SAPO per-token loss ``-(4/τ)·σ(τ(ρ-1))·Â``; [T]."""
     ratio = torch.exp(clamped_log_ratio(logprobs, old_logprobs, cfg.log_ratio_clamp))
-    tau = torch.where(adv > 0, cfg.sapo.tau_pos, cfg.sapo.tau_neg).to(ratio.dtype)
+    # Build τ in the ratio's dtype from the start: torch.where on Python floats makes a float32 tensor
+    # (τ_neg = 1.0499999523), which a later .to(float64) cannot undo.
+    tau_pos = torch.tensor(cfg.sapo.tau_pos, dtype=ratio.dtype, device=ratio.device)
+    tau_neg = torch.tensor(cfg.sapo.tau_neg, dtype=ratio.dtype, device=ratio.device)
+    tau = torch.where(adv > 0, tau_pos, tau_neg)
     loss = -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * adv
     return MethodOutput(loss=loss, weight=sapo_weight(ratio, tau), ratio=ratio.detach())

@@ -185,7 +185,7 @@ def build_packed_seq_params(bounds: list[int], device: torch.device | None = Non
 
     Args:
         bounds: ``cu_seqlens`` as host ints, ``[0, n_0, n_0 + n_1, ..., S]``, strictly increasing
-            (``train.packing.cu_seqlens``).
+            (``train.actor.packing.cu_seqlens``).
         device: where the ``cu_seqlens`` tensor lives (the compute device; TE needs the GPU).
 
     Returns:

@@ -36,6 +36,8 @@ class ModelBuildOptions:
     vpp: int | None = None
     params_dtype: torch.dtype = torch.float32
     bf16: bool = False
+    fp16: bool = False
+    """fp16 parameters (``model.half()``), Megatron's fp16 mode; exclusive with ``bf16``."""
     recompute: str | None = None
     """None, ``"selective"`` (core attention) or ``"full"`` (uniform, 1 layer per block)."""
     make_vocab_size_divisible_by: int = 128
@@ -149,7 +151,8 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
         sequence_parallel=opts.sequence_parallel,
         params_dtype=opts.params_dtype,
         bf16=opts.bf16,
-        pipeline_dtype=torch.bfloat16 if opts.bf16 else opts.params_dtype,
+        fp16=opts.fp16,
+        pipeline_dtype=torch.bfloat16 if opts.bf16 else torch.float16 if opts.fp16 else opts.params_dtype,
         use_cpu_initialization=opts.use_cpu_initialization,
         calculate_per_token_loss=opts.calculate_per_token_loss,
         **detected_fusion_options(),
@@ -236,8 +239,8 @@ def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int)
         )
         if on_cuda():
             model.cuda(torch.cuda.current_device())
-        if opts.bf16:
-            model.bfloat16()
+        if opts.bf16 or opts.fp16:
+            model.bfloat16() if opts.bf16 else model.half()
             if spec.is_moe and opts.moe_router_fp32:
                 from megatron_maspo.model.moe import keep_router_fp32
 

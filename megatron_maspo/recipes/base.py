@@ -2,9 +2,17 @@
 
 Every value is labelled with where it comes from (``SETTINGS``): ``"paper <section>"`` when the
 paper's text states it, otherwise the verl / DAPO default or our own choice, named as such. The
-paper does not give the learning rate, group size, sampling temperature / top-p, prompt budget,
-step count, weight decay or the baselines' hyper-parameters other than Clip-Higher's ε_high and
-Advantage Reweighting's α_A.
+paper's text does not give the learning rate, group size, sampling temperature / top-p, prompt
+budget, step count or weight decay. The baselines' settings are said to be in its Table 4 (App. C.3),
+which is missing from the text we have: only Clip-Higher's ε_high and Advantage Reweighting's α_A
+(App. D.1) are known, so no other baseline value here is verified against the paper's runs.
+Labels cite locations listed in `recipes/_paper_locations.py` (a test checks them).
+
+**Evaluation.** §5.1 grades evaluation with prime_math and reports Avg@32 / Pass@32 on six
+benchmarks; ``maspo eval`` grades with math-verify (the §5.1 *training* grader) unless given
+``--grader prime_math`` (`reward/prime_grader.py`, the evaluation grader's rules), and these recipes
+set no in-training evaluation (``eval.every`` 0, no benchmarks), so no in-training Avg@32 exists
+unless ``eval.*`` is configured.
 
 ``table1(method, size)`` builds one cell of Table 1 (methods GRPO, Clip-Higher, DAC, Entropy
 Advantage, BAPO, SAPO, MASPO, plus entropy regularisation and advantage reweighting) on
@@ -47,9 +55,10 @@ DAPO_TEMPLATE = ("Solve the following math problem step by step. The last line o
 SETTINGS: dict[str, tuple[object, str]] = {
     # key: (value, source). "paper ..." = stated in arXiv 2602.17550; anything else is a default we chose.
     "data.source": (DAPO_MATH, "paper §5.1 (DAPO-Math-17k)"),
-    "rollout.max_new_tokens": (8192, "paper §5.1 (maximum length 8192, read as the response budget)"),
-    "train.prompts_per_step": (512, "paper App. C (rollout batch 512)"),
-    "train.mini_batches_per_step": (16, "paper App. C (mini-batch 32 of 512 prompts)"),
+    "rollout.max_new_tokens": (8192, "paper App. C.1 / App. C.2 (maximum length 8192, read as the "
+                                     "response budget)"),
+    "train.prompts_per_step": (512, "paper §5.1 / App. C.3 (rollout batch 512)"),
+    "train.mini_batches_per_step": (16, "paper §5.1 / App. C.3 (mini-batch 32 of 512 prompts)"),
     "optim.adam_beta1": (0.9, "paper App. C.3"),
     "optim.adam_beta2": (0.95, "paper App. C.3"),
     "optim.lr_decay_style": ("constant", "paper App. C.3 (constant lr)"),
@@ -58,9 +67,10 @@ SETTINGS: dict[str, tuple[object, str]] = {
     "loss.grpo.eps_low": (0.2, "paper §5.1 (clip 0.2 for the baselines)"),
     "loss.grpo.eps_high": (0.2, "paper §5.1"),
     "loss.clip_higher.eps_high": (0.265, "paper App. D.1 (Clip-Higher ε_high 0.265)"),
-    "loss.maspo.sigma_base": (1.0, "paper §5.1"),
-    "loss.maspo.beta_high": (0.03, "paper §5.1 / Table 5"),
-    "loss.maspo.beta_low": (0.03, "paper §5.1 / Table 5"),
+    "loss.maspo.sigma_base": (1.0, "paper §5.3 (σ_base fixed at 1)"),
+    "loss.maspo.beta_high": (0.03, "paper §5.3 / Table 5"),
+    "loss.maspo.beta_low": (0.03, "paper §5.3 / Table 5"),
+    "loss.std_unbiased": (False, "paper App. B (A⁺ = sqrt(n/x - 1) is the population-std advantage)"),
     "optim.lr": (1e-6, "DAPO's lr, our choice (not stated in the paper)"),
     "rollout.group_size": (8, "our choice (not stated in the paper; DAPO samples 16)"),
     "rollout.temperature": (1.0, "verl / DAPO default (not stated in the paper)"),
@@ -69,12 +79,13 @@ SETTINGS: dict[str, tuple[object, str]] = {
     "optim.clip_grad": (1.0, "verl default (not stated in the paper)"),
     "train.steps": (300, "our choice (not stated in the paper)"),
     "data.prompt_template": (DAPO_TEMPLATE, "our choice: DAPO-Math-17k's own wrapper, for eval prompts"),
-    "loss.grpo.dual_clip_c": (3.0, "verl default clip_ratio_c, under which the paper's baselines ran"),
+    "loss.grpo.dual_clip_c": (3.0, "verl default clip_ratio_c (whether the paper's baselines used it is "
+                                   "unknown: Table 4 is missing from the text)"),
 }
 """Where each shared value comes from; `paper_config` applies them and a test checks every
 ``paper`` label names a section, table or appendix."""
 
-ADV_REWEIGHT = (AdvReweightParams(alpha=0.1), "paper §5.1 / App. C (Advantage Reweighting α_A 0.1)")
+ADV_REWEIGHT = (AdvReweightParams(alpha=0.1), "paper App. D.1 (Advantage Reweighting α_A 0.1)")
 """Advantage Reweighting baseline's α_A, with its source (applied to that baseline only)."""
 ENTROPY_REG_COEF = 0.001
 """Entropy-regularisation baseline's c_H: verl's former ``entropy_coeff`` default, our choice (the
@@ -154,5 +165,5 @@ def table1(method: str, size: str) -> MaspoConfig:
 
 
 def grpo(cfg: MaspoConfig, name: str) -> MaspoConfig:
-    """The GRPO baseline of a MASPO recipe: same everything, hard clip at 1 ± 0.2 (+ dual-clip 3)."""
+    """The GRPO baseline of a MASPO recipe: same everything, hard clip at 1 ± 0.2 (+ verl's dual-clip 3)."""
     return with_method(cfg, "grpo", name)

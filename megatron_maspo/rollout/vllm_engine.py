@@ -141,7 +141,8 @@ class VllmEngine:
 
     Args:
         model_dir: HF directory with at least ``config.json`` (weights may be absent with ``load_format="dummy"``).
-        dtype: ``"float32"`` on CPU (exact parity tests), ``"bfloat16"`` on GPU.
+        dtype: ``"float32"`` on CPU (exact parity tests), ``"bfloat16"`` or ``"float16"`` on GPU
+            (``model.dtype_name``).
         load_format: ``"dummy"`` (weights arrive by sync) or ``"auto"``.
         seed, max_model_len, gpu_memory_utilization, tensor_parallel_size: passed to ``vllm.LLM``
             (``gpu_memory_utilization`` on GPU only).
@@ -185,13 +186,13 @@ class VllmEngine:
         """``{hf_name: crc32}`` of the tensors the workers received in the last sync (first worker)."""
 
     @classmethod
-    def from_settings(cls, rollout: Any, spec: Any, *, bf16: bool, seed: int) -> VllmEngine:
+    def from_settings(cls, rollout: Any, spec: Any, *, dtype_name: str, seed: int) -> VllmEngine:
         """Engine for a run: dummy weights (the first sync fills them), settings from ``rollout``.
 
         Args:
             rollout: the run's ``RolloutConfig`` (vLLM TP, memory, KV cache, transport).
             spec: the ``ArchSpec``; its HF ``config.json`` is written to a fresh temporary directory.
-            bf16: ``model.bf16`` (the engine's dtype follows the trainer's).
+            dtype_name: ``model.dtype_name`` (the engine's dtype follows the trainer's).
             seed: ``train.seed``.
         """
         import json
@@ -202,7 +203,7 @@ class VllmEngine:
         model_dir = tempfile.mkdtemp(prefix="maspo_vllm_")
         with open(os.path.join(model_dir, "config.json"), "w") as f:
             json.dump(hf_config_dict(spec), f)
-        return cls(model_dir, dtype="bfloat16" if bf16 else "float32", load_format="dummy",
+        return cls(model_dir, dtype=dtype_name, load_format="dummy",
                    seed=seed, max_model_len=spec.max_position_embeddings,
                    gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
                    cpu_kv_cache_bytes=rollout.vllm_cpu_kv_cache_mb * 2**20,

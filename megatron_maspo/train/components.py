@@ -12,7 +12,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import AutoTokenizer
 
 from megatron_maspo.config import MaspoConfig
@@ -82,13 +81,14 @@ def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any):
     hf_cfg = hf_config_dict(spec)
     if cfg.rollout.engine == "builtin":
 
-        dtype = torch.bfloat16 if cfg.model.bf16 else torch.float32
+        dtype = cfg.model.torch_dtype
         engine = BuiltinEngine.from_hf_config(hf_cfg, dtype=dtype)
         engine.record_routing = cfg.model.routing_replay != "off"  # MoE routing replay
         return engine
     from megatron_maspo.rollout.vllm_engine import VllmEngine
 
-    return VllmEngine.from_settings(cfg.rollout, spec, bf16=cfg.model.bf16, seed=cfg.train.seed)
+    return VllmEngine.from_settings(cfg.rollout, spec, dtype_name=cfg.model.dtype_name,
+                                     seed=cfg.train.seed)
 
 
 def build_actor(cfg: MaspoConfig, spec: ArchSpec, groups, *, init_weights=None, memory_phase=None):

@@ -24,6 +24,18 @@ class OptimConfig:
     """Linear warmup, in optimizer steps."""
     lr_decay_style: str = "constant"
     """``"constant"``, ``"cosine"`` or ``"linear"`` after warmup."""
+    # --- fp16 loss scaling (model.fp16 only; Megatron OptimizerConfig's defaults) ---
+    loss_scale: float | None = None
+    """Static loss scale; None = Megatron's dynamic scaler."""
+    initial_loss_scale: float = 2.0**16
+    """Dynamic scaler's start; 2**16 (torch.amp.GradScaler's default; Megatron's 2**32 would skip
+    about 2·16 more steps backing off, at hysteresis 2)."""
+    min_loss_scale: float = 1.0
+    """Dynamic scaler's floor (Megatron default 1)."""
+    loss_scale_window: int = 1000
+    """Overflow-free steps before the scale doubles (Megatron default 1000)."""
+    loss_scale_hysteresis: int = 2
+    """Overflows tolerated before backing off (Megatron default 2)."""
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
@@ -32,6 +44,12 @@ class OptimConfig:
             raise ValueError("optim.adam_beta1 and optim.adam_beta2 must be in [0, 1)")
         if self.clip_grad < 0 or self.warmup_steps < 0 or self.weight_decay < 0:
             raise ValueError("optim.clip_grad, optim.warmup_steps and optim.weight_decay must be >= 0")
+        if self.loss_scale is not None and not self.loss_scale > 0:
+            raise ValueError(f"optim.loss_scale={self.loss_scale} must be None or > 0")
+        if not (self.initial_loss_scale >= self.min_loss_scale > 0 and self.loss_scale_window >= 1
+                and self.loss_scale_hysteresis >= 1):
+            raise ValueError("optim.initial_loss_scale >= optim.min_loss_scale > 0, loss_scale_window >= 1 "
+                             "and loss_scale_hysteresis >= 1 are required")
         if self.lr_decay_style not in ("constant", "cosine", "linear"):
             raise ValueError(f"optim.lr_decay_style={self.lr_decay_style!r}; accepted: constant, cosine, linear")
 

@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from megatron_maspo.config import MaspoConfig
 from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.model.config import ModelConfig
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
 from megatron_maspo.parallel.config import ParallelConfig
 from megatron_maspo.parallel.groups import ParallelGroups, init_parallel
@@ -33,8 +34,9 @@ def qwen3_moe_spec() -> ArchSpec:
 
 
 def make_cfg(world: int, tp: int = 1, pp: int = 1, ep: int = 1, *, budget: int = 64,
-             mini_batches: int = 2, dist_opt: bool = False, **train_kw) -> MaspoConfig:
+             mini_batches: int = 2, dist_opt: bool = False, bf16: bool = False, **train_kw) -> MaspoConfig:
     return MaspoConfig(
+        model=ModelConfig(bf16=bf16),
         parallel=ParallelConfig(tp=tp, pp=pp, ep=ep, world_size=world, distributed_optimizer=dist_opt),
         loss=LossConfig(method="maspo"),
         optim=OptimConfig(lr=1e-2, weight_decay=0.0, clip_grad=1.0),
@@ -125,7 +127,7 @@ def _gather_sharded_grads(actor: MegatronActor) -> None:
 def full_tensors(actor: MegatronActor, *, grads: bool) -> dict[str, torch.Tensor]:
     """Every parameter (or its main_grad) merged over TP/EP/PP, keyed by global name, on all ranks."""
     groups, spec = actor.groups, actor.spec
-    if grads and actor.cfg.parallel.distributed_optimizer and groups.dp > 1:
+    if grads and actor.parallel_cfg.distributed_optimizer and groups.dp > 1:
         _gather_sharded_grads(actor)
     local: dict[str, torch.Tensor] = {}
     for c in actor.chunks:

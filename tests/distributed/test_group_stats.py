@@ -10,7 +10,6 @@ other bounds on the same batch, so the check can fail.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -32,7 +31,7 @@ LOSSES = {"bapo": LossConfig(method="bapo", bapo=BapoParams(contribution="gradie
 
 def _run(world: int, layout: dict, loss: LossConfig) -> dict:
     actor = H.build_actor(world, mini_batches=2, **layout)
-    actor.cfg = dataclasses.replace(actor.cfg, loss=loss)
+    actor.loss_cfg = loss
     samples = H.make_samples(n_prompts=4, group=4)
     plans, _, _ = actor.plan(samples)
     actor.fill_old_logprobs(samples, plans)

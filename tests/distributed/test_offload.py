@@ -3,7 +3,6 @@ exactly as a twin actor that never offloaded (1 rank; 2 ranks with the distribut
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -18,12 +17,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 def _build(world: int, bf16: bool, **kw):
-    actor = H.build_actor(world, **kw)
-    if bf16:  # rebuild with bf16 params + fp32 master copies (the GPU default) on the same groups
-        cfg = dataclasses.replace(actor.cfg, model=dataclasses.replace(actor.cfg.model, bf16=True))
-        actor = type(actor)(cfg, actor.spec, actor.groups,
-                            init_weights=H.name_init(actor.spec, actor.groups))
-    return actor
+    # bf16: bf16 params + fp32 master copies (the GPU default)
+    return H.build_actor(world, bf16=bf16, **kw)
 
 
 def _collect(actor) -> functools.partial:

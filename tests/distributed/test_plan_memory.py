@@ -28,16 +28,14 @@ STEP_SCALARS = 4096
 
 
 def _worker(rank: int, world: int, bf16: bool, dist_opt: bool, reference: bool) -> dict:
-    actor = H.build_actor(world, spec=SPEC, dist_opt=dist_opt, reference_model=reference)
-    if bf16:  # bf16 params + fp32 master copies (the GPU default), on the same groups
-        cfg = dataclasses.replace(actor.cfg, model=dataclasses.replace(actor.cfg.model, bf16=True))
-        actor = type(actor)(cfg, actor.spec, actor.groups, init_weights=H.name_init(actor.spec, actor.groups))
+    # bf16: bf16 params + fp32 master copies (the GPU default)
+    actor = H.build_actor(world, spec=SPEC, dist_opt=dist_opt, reference_model=reference, bf16=bf16)
     actor.train_step(H.make_samples(seed=1))  # Adam state exists only after the first step
     off = StateOffloader(lambda: training_tensors(actor.chunks, actor.optimizer, actor.reference or ()),
                          enabled=CATEGORIES, device=actor.device)
     moved = off.offload()
     off.reload()
-    return {"by_cat": dict(off.bytes_by_category), "moved": moved, "cfg": actor.cfg}
+    return {"by_cat": dict(off.bytes_by_category), "moved": moved, "cfg": H.make_cfg(world, dist_opt=dist_opt, reference_model=reference, bf16=bf16)}
 
 
 CASES = {"1rank_fp32_reference": (1, False, False, True),

@@ -168,3 +168,17 @@ def test_eval_every_writes_eval_rows_and_plot(tmp_path):
     greedy = subprocess.run([*base, "--temperature", "0"], capture_output=True, text=True, timeout=600, env=env)
     assert greedy.returncode == 0, greedy.stderr[-3000:]
     assert "temperature: 0.0, k: 1" in greedy.stdout and "avg@1" in greedy.stdout
+
+
+@pytest.mark.slow
+def test_fp16_trains_on_cpu_with_the_loss_scaler(tmp_path):
+    """model.fp16: Megatron's fp16 path with the dynamic loss scaler, and the built-in engine in fp16,
+    run on CPU (slowly); the trainer/engine mismatch is logged. ~1-2 min on 2 shared cores."""
+    run_dir = tmp_path / "fp16"
+    out = _run(sets=[*MICRO, "model.fp16=true", "train.steps=2", f"checkpoint.run_dir={run_dir}",
+                     "checkpoint.save_every=0"], timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    recs = _metrics(run_dir)
+    assert len(recs) == 2
+    assert all(r["mismatch/logprob_abs_diff_mean"] > 0 for r in recs)  # fp16 trainer vs fp16 engine
+    assert all(r["actor/grad_norm"] == r["actor/grad_norm"] for r in recs)  # finite (scaler unscaled)

@@ -98,10 +98,10 @@ def test_only_builders_take_the_root_config_under_train(modules):
         if not rel.startswith("train/"):
             continue
 
-        def visit(node, prefix=""):
+        def visit(node, prefix="", rel=rel):
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.ClassDef):
-                    visit(child, f"{prefix}{child.name}.")
+                    visit(child, f"{prefix}{child.name}.", rel)
                 elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     args = [*child.args.posonlyargs, *child.args.args, *child.args.kwonlyargs]
                     if any(a.annotation is not None and "MaspoConfig" in ast.unparse(a.annotation)
@@ -109,7 +109,7 @@ def test_only_builders_take_the_root_config_under_train(modules):
                         name = f"{rel}:{prefix}{child.name}"
                         if rel not in ROOT_CONFIG_OK and name not in ROOT_CONFIG_OK:
                             takers.append(name)
-                    visit(child, f"{prefix}{child.name}.")
+                    visit(child, f"{prefix}{child.name}.", rel)
 
         visit(tree)
     assert not takers, takers

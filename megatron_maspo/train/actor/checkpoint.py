@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from megatron.core import dist_checkpointing, tensor_parallel
 
 from megatron_maspo.model.checkpoint import (
     collective_atomic_dir,
@@ -47,16 +48,12 @@ def _sharded_state(actor: Any, *, is_loading: bool, with_optimizer: bool) -> dic
 
 
 def _rng_state() -> dict:
-    from megatron.core import tensor_parallel
-
     return {"cpu": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state() if on_cuda() else None,
             "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
 
 
 def _set_rng_state(st: dict) -> None:
-    from megatron.core import tensor_parallel
-
     torch.set_rng_state(st["cpu"])
     if st["cuda"] is not None and on_cuda():
         torch.cuda.set_rng_state(st["cuda"])
@@ -75,8 +72,6 @@ def list_checkpoints(root: str | Path) -> list[Path]:
 def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict | None = None,
                     keep_last: int = 2) -> Path:
     """Collectively save the actor's training state as ``<root>/step_<step>``; returns the path."""
-    from megatron.core import dist_checkpointing
-
     root = Path(root)
     final = root / f"step_{step}"
 
@@ -113,8 +108,6 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
     Returns:
         the trainer's ``data_state`` dict.
     """
-    from megatron.core import dist_checkpointing
-
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {path}")

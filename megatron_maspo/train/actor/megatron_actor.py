@@ -26,11 +26,14 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
+from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron_maspo.loss.config import LossConfig
+from megatron_maspo.loss.group_stats import needs_current_logprobs
 from megatron_maspo.loss.metrics import finalize_metrics, reduce_metrics
 from megatron_maspo.loss.policy import compute_policy_loss
 from megatron_maspo.model.config import ModelConfig
+from megatron_maspo.model.packed_attention import build_packed_seq_params
 from megatron_maspo.model.provider import build_model_chunks
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel import comm
@@ -94,6 +97,7 @@ class MegatronActor:
             raise ValueError(f"parallel groups (tp={groups.tp}, pp={groups.pp}, ep={groups.ep}) do not "
                              f"match parallel (tp={p.tp}, pp={p.pp}, ep={p.ep})")
         self.spec, self.groups = spec, groups
+        self.model_cfg, self.parallel_cfg = model, parallel
         self.loss_cfg, self.train_cfg, self.temperature = loss, train, temperature
         self.device = default_device()
         self.opts = actor_build_options(model, parallel)  # shared with the inference-only policy
@@ -113,7 +117,7 @@ class MegatronActor:
                 ref.eval().requires_grad_(False)
         total = train.steps * train.mini_batches_per_step
         self.overlap = overlap_options(p, cuda=self.device.type == "cuda")
-        bundle = build_optimizer(chunks, optim, total_steps=total, bf16=model.bf16,
+        bundle = build_optimizer(chunks, optim, total_steps=total, bf16=model.bf16, fp16=model.fp16,
                                  distributed_optimizer=p.distributed_optimizer, **self.overlap)
         self.chunks, self.optimizer, self.scheduler = bundle.chunks, bundle.optimizer, bundle.scheduler
         self.moe_monitor = RouterMonitor(self.chunks, num_layers=spec.num_layers) if spec.is_moe else None
@@ -156,8 +160,6 @@ class MegatronActor:
         dev = self.device
         per_token = {k: (None if t is None else t.to(dev))
                      for k, t in token_inputs(samples, mb).items()}
-        from megatron_maspo.model.packed_attention import build_packed_seq_params  # megatron: lazy
-
         n_tok = torch.tensor(mb.resp_lens, dtype=torch.long)
         grp = {k: torch.repeat_interleave(torch.tensor([float(samples[i].group_stats[k]) for i in mb.sample_index],
                                                        dtype=torch.float32), n_tok).to(dev)
@@ -177,8 +179,6 @@ class MegatronActor:
              forward_only: bool, replay: list | None = None) -> None:
         """One Megatron schedule over ``inputs``; ``replay`` = per-input routing targets
         (``train/actor/routing_replay.py``), armed on the routers right before each forward."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
         seq = max(int(x.tokens.shape[1]) for x in inputs)
         its = ([self.replay.iterate(c, inputs, replay, self.device) for c in range(len(chunks))]
                if replay is not None and self.replay is not None else [iter(inputs) for _ in chunks])
@@ -278,8 +278,6 @@ class MegatronActor:
         """True when the old-log-prob recompute provably equals the training forward (one mini-batch:
         no optimizer step between them), ``train.check_first_ratio`` does not ask to verify it and no
         mini-batch statistic (BAPO's bounds, QUATRO's dual ascent) needs π_old before the forward."""
-        from megatron_maspo.loss.group_stats import needs_current_logprobs
-
         return (len(plans) == 1 and not self.train_cfg.check_first_ratio
                 and not needs_current_logprobs(self.loss_cfg)
                 and self.replay_mode != "old_logprobs")  # the training forward does not replay
@@ -326,7 +324,9 @@ class MegatronActor:
         """
         mode = self.loss_cfg.nonfinite
         bad_inputs = float(ctx.metrics.get("loss/nonfinite_tokens", 0.0)) if mode != "mask" else 0.0
-        flags = torch.tensor([0.0 if (ctx.loss_finite and grads_finite(self.chunks)) else 1.0, bad_inputs])
+        # fp16: an overflowing gradient is the loss scaler's to handle (optimizer.step skips, scale backs off)
+        grads_ok = self.model_cfg.fp16 or grads_finite(self.chunks)
+        flags = torch.tensor([0.0 if (ctx.loss_finite and grads_ok) else 1.0, bad_inputs])
         comm.all_reduce(flags, op=comm.ReduceOp.MAX)
         if mode == "raise" and flags[1] > 0:
             raise FloatingPointError(

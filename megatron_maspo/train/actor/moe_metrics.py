@@ -26,6 +26,8 @@ import types
 from typing import Any
 
 import torch
+from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+from megatron.core.transformer.moe.router import TopKRouter
 
 from megatron_maspo.parallel import comm
 
@@ -35,8 +37,6 @@ _LOSS_KEYS = {"load_balancing_loss": "moe/aux_loss", "seq_load_balancing_loss": 
 
 def routers(chunks: list) -> list:
     """Every ``TopKRouter`` of the (possibly DDP-wrapped) chunks, in module order."""
-    from megatron.core.transformer.moe.router import TopKRouter
-
     return [m for c in chunks for m in c.modules() if isinstance(m, TopKRouter)]
 
 
@@ -92,8 +92,6 @@ class RouterMonitor:
 
         Every rank must call it (it all-reduces over the default group).
         """
-        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
-
         tracker = get_moe_layer_wise_logging_tracker()
         names = sorted(n for n in tracker if n in _LOSS_KEYS)
         losses = torch.zeros(2, self.num_layers, dtype=torch.float64)  # [aux, z] sums per layer

@@ -16,6 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron_maspo.train.config import OptimConfig
 
@@ -71,12 +78,6 @@ def wrap_ddp(chunks: list, *, distributed_optimizer: bool, overlap_grad_reduce: 
     sync per micro-batch) and ``finalize_model_grads_func`` (DP all-reduce, tied-embedding sum and
     the 1/N_glob scaling, once per optimizer step).
     """
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-        finalize_model_grads,
-    )
-
     ddp_cfg = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=overlap_grad_reduce,
         overlap_param_gather=overlap_param_gather,
@@ -91,7 +92,7 @@ def wrap_ddp(chunks: list, *, distributed_optimizer: bool, overlap_grad_reduce: 
 
 def build_optimizer(chunks: list, optim: OptimConfig, *, total_steps: int, bf16: bool,
                     distributed_optimizer: bool, overlap_grad_reduce: bool = False,
-                    overlap_param_gather: bool = False) -> OptimizerBundle:
+                    overlap_param_gather: bool = False, fp16: bool = False) -> OptimizerBundle:
     """DDP-wrap ``chunks`` and build Megatron's AdamW optimizer and LR scheduler.
 
     Args:
@@ -99,20 +100,22 @@ def build_optimizer(chunks: list, optim: OptimConfig, *, total_steps: int, bf16:
         optim: learning rate, betas, weight decay, clipping, warmup and decay style.
         total_steps: optimizer steps of the whole run (decay horizon).
         bf16: bf16 parameters with fp32 master weights (GPU); fp32 otherwise.
+        fp16: fp16 parameters with fp32 master weights and Megatron's loss scaler (dynamic unless
+            ``optim.loss_scale`` is set; steps with inf/NaN gradients are skipped and the scale backs off).
         distributed_optimizer: shard optimizer state over DP (Megatron DistributedOptimizer).
         overlap_grad_reduce, overlap_param_gather: Megatron DDP overlap (:func:`overlap_options`).
     """
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
     wrapped = wrap_ddp(chunks, distributed_optimizer=distributed_optimizer,
                        overlap_grad_reduce=overlap_grad_reduce,
                        overlap_param_gather=overlap_param_gather)
     ocfg = OptimizerConfig(
         optimizer="adam", lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
         adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
-        clip_grad=optim.clip_grad, bf16=bf16,
-        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        clip_grad=optim.clip_grad, bf16=bf16, fp16=fp16,
+        params_dtype=torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32,
+        loss_scale=optim.loss_scale, initial_loss_scale=optim.initial_loss_scale,
+        min_loss_scale=optim.min_loss_scale, loss_scale_window=optim.loss_scale_window,
+        hysteresis=optim.loss_scale_hysteresis,
         use_distributed_optimizer=distributed_optimizer)
     optimizer = get_megatron_optimizer(ocfg, wrapped)
     prefer_fused_adam(optimizer)

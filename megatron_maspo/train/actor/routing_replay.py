@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
 from megatron_maspo.train.actor.moe_metrics import routers
 
@@ -71,8 +72,6 @@ class RoutingReplay:
         return t
 
     def _set(self, chunk: int, target: torch.Tensor | None, device: torch.device) -> None:
-        from megatron.core.transformer.moe.router_replay import RouterReplayAction
-
         for r in self.per_chunk[chunk]:
             rr = r.router_replay
             rr.clear_indices()

@@ -24,8 +24,9 @@ class Sample:
     """Sequence-level advantage Â_i, broadcast to every response token."""
     prompt_index: int
     """Index of the prompt in the rollout step (groups of G responses share it)."""
-    rollout_logprobs: list[float] | None = None
-    """Log-probs the rollout engine reported, one per response token (mismatch metrics, TIS)."""
+    rollout_logprobs: torch.Tensor | list[float] | None = None
+    """[L] fp32 (a list is accepted): log-probs the rollout engine reported, one per response token
+    (mismatch metrics, TIS). The loop makes it a tensor once; packing and diagnostics slice it."""
     policy_version: int = 0
     """Weight version that generated the response."""
     reward: float = 0.0

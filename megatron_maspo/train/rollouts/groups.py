@@ -117,7 +117,7 @@ def samples_from_groups(groups: list[PromptGroup], loss: LossConfig, *, overlong
                 continue
             samples.append(Sample(prompt_ids=g.prompt_ids, response_ids=list(c.token_ids),
                                   advantage=float(adv[p, j]), prompt_index=p,
-                                  rollout_logprobs=list(c.logprobs),
+                                  rollout_logprobs=torch.tensor(c.logprobs, dtype=torch.float32),
                                   policy_version=c.policy_version + version_offset,
                                   reward=g.rewards_G[j], finish_reason=c.finish_reason,
                                   group_stats=dict(pstats[p]), routed_experts=c.routed_experts))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from megatron_maspo.cli.main import SUBCOMMANDS, build_parser, main
 
@@ -113,3 +114,16 @@ def test_megatron_import_warnings_only_when_verbose(verbose):
         assert any("Apex is not installed" in ln for ln in noisy), res.stderr[-2000:]
     else:
         assert noisy == [], noisy
+
+
+def test_print_config_shows_gspo_clip_range_and_rollout_correction():
+    out = _run("train", "--print-config", "--set", "loss.method=gspo",
+               "--set", "loss.rollout_correction.mode=icepop")
+    assert out.returncode == 0, out.stderr[-2000:]
+    cfg = yaml.safe_load(out.stdout)["loss"]
+    assert cfg["method"] == "gspo" and cfg["gspo"] == {"eps_low": 3e-4, "eps_high": 4e-4}
+    assert cfg["rollout_correction"]["mode"] == "icepop"
+    bad = _run("train", "--print-config", "--set", "loss.rollout_correction.mode=mis")
+    assert bad.returncode == 2 and "RolloutCorrectionParams.mode" in bad.stderr
+    both = _run("train", "--print-config", "--set", "model.bf16=true", "--set", "model.fp16=true")
+    assert both.returncode == 2 and "model.fp16" in both.stderr

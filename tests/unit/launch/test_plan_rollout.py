@@ -12,6 +12,7 @@ from megatron_maspo.launch.plan_rollout import (
     EngineLoad,
     exponential_expected_max,
     generation_seconds,
+    length_second_moment,
     moe_touched_fraction,
 )
 from megatron_maspo.recipes.registry import load_recipe
@@ -23,16 +24,42 @@ LOAD = EngineLoad(seqs=10, conc=4, prompt=100, mean=200, tail=1000, weight_bytes
 
 def test_hand_computed_generation_with_tail_and_waves():
     # 3 waves: 2 end with the mean (200 steps each), the last lasts the tail (1000) -> 1400 weight reads;
-    # 10 x 200 tokens each read 100 + 100 context tokens of 1000 bytes.
-    reads = 1400 * 1e9 + 10 * 200 * 200 * 1000
+    # 10 responses of mean 200 read their 100 prompt tokens per token and their own earlier tokens,
+    # E[L^2] / 2 per response (lengths spread on [0, 1000] with mean 200), 1000 bytes each.
+    reads = 1400 * 1e9 + 10 * (100 * 200 + length_second_moment(200, 1000) / 2) * 1000
     prefill = 10 * 100 * 2e6 / 5e14
     assert generation_seconds(LOAD, **HW) == pytest.approx(prefill + reads / 1e12)
+    # the fixed per-step cost counts once per decode step of the engine
+    assert generation_seconds(LOAD, **HW, step_fixed_s=1e-3) == pytest.approx(prefill + reads / 1e12 + 1.4)
 
 
 def test_tail_dominates_when_weights_dominate():
     short = dataclasses.replace(LOAD, tail=200)
+    kv = 10 * (100 * 200 + length_second_moment(200, 1000) / 2) * 1000
     assert generation_seconds(LOAD, **HW) / generation_seconds(short, **HW) == pytest.approx(
-        (1400e9 + 4e8) / (600e9 + 4e8), rel=1e-4)
+        (1400e9 + kv) / (600e9 + 4e8), rel=1e-4)
+
+
+@pytest.mark.parametrize("mean,tail,ratio", [(100, 1e5, 2.0), (500, 1000, 4 / 3), (1000, 1000, 1.0)])
+def test_length_second_moment_follows_the_spread(mean, tail, ratio):
+    """E[L^2] / mean^2 of the maximum-entropy lengths on [0, tail]: 2 for an exponential (mean << tail),
+    4/3 for uniform lengths (mean = tail / 2), 1 when every response reaches the tail."""
+    assert length_second_moment(mean, tail) / mean**2 == pytest.approx(ratio, rel=1e-3)
+
+
+def test_length_second_moment_matches_a_sampled_truncated_exponential():
+    import math
+    import random
+
+    rng, rate, tail = random.Random(0), 3.0 / 1000, 1000.0
+    xs = []
+    while len(xs) < 200_000:
+        x = rng.expovariate(rate)
+        if x <= tail:
+            xs.append(x)
+    mean = sum(xs) / len(xs)
+    assert length_second_moment(mean, tail) == pytest.approx(sum(x * x for x in xs) / len(xs), rel=0.01)
+    assert math.isfinite(length_second_moment(0.999 * tail, tail))
 
 
 def test_moe_touched_fraction():

@@ -57,6 +57,31 @@ def test_every_paper_label_cites_a_section():
     assert SIZES["1p5b"][5] == 0.5 and "D.4" in SIZES["1p5b"][6]
 
 
+def test_every_cited_paper_location_exists():
+    """Issue 34 defect 7: each "paper ..." label (recipes) and each "MASPO <location>" in the loss
+    parameter docs names a section / appendix / table present in the MASPO text (`recipes/_paper_locations.py`),
+    and none cites the missing Table 4 as a value's source."""
+    import inspect
+
+    from megatron_maspo.loss import config as loss_config
+    from megatron_maspo.loss import params as loss_params
+    from megatron_maspo.recipes._paper_locations import cited_locations, unknown_locations
+
+    labels = [src for _, src in SETTINGS.values()] + [s[6] for s in SIZES.values()] + [ADV_REWEIGHT[1]]
+    for src in labels:
+        if src.startswith("paper"):
+            assert cited_locations(src) and not unknown_locations(src), src
+    n_cited = 0
+    for mod in (loss_params, loss_config):
+        for line in inspect.getsource(mod).splitlines():
+            for chunk in re.findall(r"MASPO ((?:§|App\. |Table )[^)\"]*)", line):
+                n_cited += 1
+                assert not unknown_locations(chunk), (mod.__name__, line.strip())
+    assert n_cited >= 8  # the check is not vacuous
+    assert unknown_locations("paper Table 4") == ["Table 4"]
+    assert unknown_locations("paper §5.3 / Table 5") == []
+
+
 def test_table1_has_every_method_at_1p5b_and_7b():
     for size in ("1p5b", "7b"):
         for method in TABLE1:

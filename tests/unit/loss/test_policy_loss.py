@@ -52,7 +52,8 @@ def test_pinned_metric_keys():
               rollout_logprobs=old + 0.05)
     cfg = LossConfig(kl_coef=0.1, entropy_coef=0.01, tis_cap=2.0)
     _, met = compute_policy_loss(cfg, logp, old, adv, mask, **kw)
-    extra = {"loss/kl", "loss/entropy", "policy/entropy_mean", "tis/weight_mean", "tis/truncated_frac"}
+    extra = {"loss/kl", "loss/entropy", "policy/entropy_mean", "tis/weight_mean", "tis/truncated_frac",
+             "rollout_corr/masked_frac", "rollout_corr/weight_mean"}
     assert set(met) == GATE_KEYS | MASPO_KEYS | extra
     assert all(not v.requires_grad and v.dim() == 0 for v in met.values())
     per_method = {"grpo": set(), "dac": {"dac/low_mean", "dac/high_mean"},
@@ -60,7 +61,7 @@ def test_pinned_metric_keys():
                   "quatro": {"quatro/lambda_mean", "quatro/divergence_mean"}}
     for method, keys in per_method.items():
         _, met = compute_policy_loss(LossConfig(method=method), logp, old, adv, mask,
-                                     num_tokens_global=int(mask.sum()))
+                                     num_tokens_global=int(mask.sum()), seq_ids=seq, prompt_ids=seq // 2)
         assert set(met) == GATE_KEYS | keys, method
     fin = finalize_metrics(reduce_metrics(compute_policy_loss(LossConfig(), logp, old, adv, mask,
                                                               num_tokens_global=int(mask.sum()))[1]))

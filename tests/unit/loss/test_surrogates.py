@@ -43,15 +43,18 @@ def _oracle(method: str, r, old, a, **p):
         lo = 0.5 + 0.5 * torch.sqrt(torch.clamp(1 - 4 * el / pold, min=0))
         hi = torch.clamp(0.5 + 0.5 * torch.sqrt(1 + 4 * eh / pold), max=10.0)
         return _ppo_w(r, a, lo, hi, p.get("dual_clip_c", 3.0))
-    if method == "cispo":
-        return r.clamp(1 - el, 1 + eh) / r
+    if method == "cispo":  # MiniMax-M1 §3.1: no lower bound unless eps_low is given
+        lo = None if p.get("eps_low") is None else 1 - p["eps_low"]
+        return r.clamp(min=lo, max=1 + eh) / r
     if method == "gppo":
         b1, b2 = p.get("beta_low", 1.0), p.get("beta_high", 1.0)
         w = torch.ones_like(r)
         w = torch.where((a < 0) & (r < 1 - el), b1 * (1 - el) / r, w)
         return torch.where((a > 0) & (r > 1 + eh), b2 * (1 + eh) / r, w)
     if method == "sapo":
-        tau = torch.where(a > 0, p.get("tau_pos", 1.0), p.get("tau_neg", 1.05))
+        # float64 τ (a torch.where on Python floats would build float32 τ: 1.0499999523)
+        tau = torch.where(a > 0, torch.tensor(p.get("tau_pos", 1.0), dtype=F64),
+                          torch.tensor(p.get("tau_neg", 1.05), dtype=F64))
         return 1.0 / torch.cosh(tau * (r - 1) / 2) ** 2
     if method == "maspo":
         sb, al, bh, bl = (p.get(k, d) for k, d in (("sigma_base", 1.0), ("alpha", 0.3),
@@ -93,10 +96,11 @@ def test_quatro_gradient_matches_reconstruction():
     lam = 0.3
     for div, extra in (("kl_new_old", lambda r: r * (1 + r.log())), ("kl_old_new", lambda r: -torch.ones_like(r)),
                        ("k3", lambda r: r - 1)):
-        loss = token_losses("quatro", logp, old, adv, divergence=div, lambda_init=lam)
+        loss = token_losses("quatro", logp, old, adv, divergence=div, lambda_init=lam, dual_solver="fixed")
         (g,) = torch.autograd.grad(loss.sum(), logp)
         torch.testing.assert_close(g, -(r * adv - lam * extra(r)), rtol=1e-12, atol=1e-12)
-    loss = token_losses("quatro", logp, old, adv, drop_zero_mean_term=True, lambda_init=lam)
+    loss = token_losses("quatro", logp, old, adv, drop_zero_mean_term=True, lambda_init=lam,
+                        dual_solver="fixed")
     (g,) = torch.autograd.grad(loss.sum(), logp)
     torch.testing.assert_close(g, -(r * adv - lam * r * r.log()), rtol=1e-12, atol=1e-12)
 
@@ -106,7 +110,8 @@ def test_gradcheck(method):
     """Surrogates without a stop-gradient on π_θ: the loss is its own objective."""
     logp, old, adv = _inputs(5)
     logp = logp[:16].detach().requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: token_losses(method, x, old[:16], adv[:16]), (logp,))
+    kw = {"dual_solver": "fixed"} if method == "quatro" else {}  # the default REPS dual needs prompt ids
+    assert torch.autograd.gradcheck(lambda x: token_losses(method, x, old[:16], adv[:16], **kw), (logp,))
 
 
 @pytest.mark.parametrize("method", ["maspo", "cispo", "gppo"])
@@ -127,7 +132,7 @@ def test_frozen_gate_finite_differences(method):
         return -frozen["w"] * torch.exp(lr) * adv
 
     r0 = (x0 - old).exp()
-    frozen["c"] = r0.clamp(0.8, 1.2)
+    frozen["c"] = r0.clamp(max=1.2)  # CISPO's default: no lower bound (MiniMax-M1 §3.1)
     frozen["w"] = _oracle(method, r0, old, adv)
     jac = torch.autograd.functional.jacobian(lambda x: token_losses(method, x, old, adv), x0)
     x = x0.clone().requires_grad_()

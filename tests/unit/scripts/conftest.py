@@ -27,3 +27,9 @@ def study():
 def report():
     """``scripts/smollm2_report.py``."""
     return _load("smollm2_report")
+
+
+@pytest.fixture(scope="module")
+def compare():
+    """``scripts/compare_losses.py``."""
+    return _load("compare_losses")

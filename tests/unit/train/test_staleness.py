@@ -127,3 +127,26 @@ def test_staleness_needs_truncated_is_whatever_the_override_order():
         cfg = resolve_config("tiny", None, order)
         assert cfg.rollout.max_staleness == 2 and cfg.loss.tis_cap == 2.0
     assert dataclasses.replace(MaspoConfig()).rollout.max_staleness == 0  # the default: synchronous
+
+
+def test_staleness_accepts_any_rollout_correction_mode():
+    """Issue 34: the stale-sample checks read loss.rollout_correction (tis_cap is its alias)."""
+    from megatron_maspo.loss.params import RolloutCorrectionParams
+    from megatron_maspo.train.loop import _version_check
+
+    for mode in ("icepop", "token_mask", "seq_mask"):
+        loss = LossConfig(rollout_correction=RolloutCorrectionParams(mode=mode))
+        check_combinations(MaspoConfig(rollout=RolloutConfig(max_staleness=2), loss=loss))
+    cfg = resolve_config("tiny", None, ["rollout.max_staleness=2", "loss.rollout_correction.mode=icepop"])
+    assert cfg.loss.corrects_rollout and cfg.loss.tis_cap is None
+    stale = [type("S", (), {"policy_version": 0})()]
+    with pytest.raises(RuntimeError, match="rollout_correction"):
+        _version_check(stale, 1, MaspoConfig())
+    _version_check(stale, 1, cfg)  # a correction is configured: accepted
+
+
+def test_tis_cap_alias_can_be_overridden_again():
+    cfg = resolve_config("tiny", None, ["loss.tis_cap=2.0", "rollout.max_staleness=1", "loss.tis_cap=3.0"])
+    assert cfg.loss.effective_rollout_correction.cap == 3.0
+    with pytest.raises(ConfigError, match="tis_cap"):
+        resolve_config("tiny", None, ["loss.tis_cap=2.0", "loss.rollout_correction.mode=icepop"])

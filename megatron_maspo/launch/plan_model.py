@@ -1,0 +1,109 @@
+"""Per-architecture figures the planner's formulas use: parameters per GPU, activation, attention and KV
+bytes, active parameters (pure maths; formulas in the docstring of ``launch/plan.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from megatron_maspo.launch.plan_types import Layout
+from megatron_maspo.model.spec import ArchSpec
+
+
+def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[float, float]:
+    """(non-expert, expert) parameters held by one GPU of the worst pipeline stage."""
+    h, t = spec.hidden_size, lay.tp
+    nh, g, d = spec.num_attention_heads, spec.num_query_groups, spec.kv_channels
+    attn = (h * nh * d + 2 * h * g * d + nh * d * h) / t
+    if spec.add_qkv_bias:
+        attn += (nh * d + 2 * g * d) / t
+    if spec.qk_layernorm:
+        attn += 2 * d
+    dense, expert = attn + 2 * h, 0.0
+    if spec.is_moe:
+        assert spec.num_moe_experts and spec.moe_ffn_hidden_size
+        # experts are split over EP only: the trainer sets expert_tensor_parallel_size=1 (model/moe.py)
+        expert = spec.num_moe_experts * 3 * h * spec.moe_ffn_hidden_size / lay.ep
+        dense += h * spec.num_moe_experts
+        if spec.moe_shared_expert_intermediate_size:
+            dense += 3 * h * spec.moe_shared_expert_intermediate_size / t + h
+    else:
+        dense += 3 * h * spec.ffn_hidden_size / t
+    layers = spec.num_layers // lay.pp
+    emb = spec.padded_vocab_size(t, divisible_by) * h / t
+    if lay.pp == 1:
+        extra = emb * (1 if spec.tie_word_embeddings else 2) + h
+    else:
+        # Stage 0 holds the embedding, the last stage the output layer (a copy when tied) + final norm.
+        extra = emb + h
+    return layers * dense + extra, layers * expert
+
+
+def activation_bytes(spec: ArchSpec, tp: int, recompute: str | None, elt: int,
+                     sequence_parallel: bool = False) -> float:
+    """Bytes kept per token per layer for the backward (module docstring formula)."""
+    h, t = spec.hidden_size, tp
+    sp = t if sequence_parallel else 1
+    nh, g, d = spec.num_attention_heads, spec.num_query_groups, spec.kv_channels
+    if spec.is_moe:
+        assert spec.moe_ffn_hidden_size and spec.num_moe_experts
+        mlp = spec.moe_router_topk * (h + 3 * spec.moe_ffn_hidden_size) / t
+        router = 4 * spec.num_moe_experts
+    else:
+        mlp, router = 3 * spec.ffn_hidden_size / t, 0
+    full_set = elt * (4 * h / sp + (nh * d + 2 * g * d) / t + nh * d / t + mlp) + 4 * nh / t + router
+    return elt * h / sp if recompute == "full" else full_set
+
+
+def dense_attention_bytes(spec: ArchSpec, lay: Layout, seq: int, inflight: float, elt: int) -> float:
+    """Bytes the dense block-causal-mask path adds per GPU for rows of ``seq`` tokens (module docstring)."""
+    heads, s2 = spec.num_attention_heads / lay.tp, float(seq) ** 2
+    upcast = 4 if elt < 4 else 0
+    per_layer = (4 + elt if elt < 4 else 4) * heads * s2
+    layers = inflight * (spec.num_layers // lay.pp) if lay.recompute is None else 1
+    return inflight * s2 + layers * per_layer + (2 * elt + upcast) * heads * s2
+
+
+def kv_bytes_per_token(spec: ArchSpec, vllm_tp: int) -> float:
+    """bf16 K and V of all layers for one token on one engine GPU (KV heads replicate when vllm_tp > n_g)."""
+    heads = max(1, math.ceil(spec.num_query_groups / vllm_tp))
+    return 2 * spec.num_layers * heads * spec.kv_channels * 2
+
+
+def active_params(spec: ArchSpec) -> float:
+    """Parameters touched per token in a forward (LM head yes, embedding lookup no; top-k experts)."""
+    p = spec.num_parameters()
+    if not spec.tie_word_embeddings:
+        p -= spec.vocab_size * spec.hidden_size
+    if spec.is_moe:
+        assert spec.num_moe_experts and spec.moe_ffn_hidden_size
+        per_expert = 3 * spec.hidden_size * spec.moe_ffn_hidden_size
+        p -= spec.num_layers * (spec.num_moe_experts - spec.moe_router_topk) * per_expert
+    return float(p)
+
+
+def expert_active_params(spec: ArchSpec) -> float:
+    """Routed-expert parameters touched per token (top-k experts of every layer); 0 for dense models."""
+    if not spec.is_moe:
+        return 0.0
+    assert spec.moe_ffn_hidden_size
+    return float(spec.num_layers * spec.moe_router_topk * 3 * spec.hidden_size * spec.moe_ffn_hidden_size)
+
+
+GEMM_WIDTH_EXPONENT = 0.06
+"""How Megatron's MFU falls with GEMM size: NVIDIA/Megatron-LM's README weak-scaling table (H100, 4,096-token
+sequences) goes from 41% MFU for its smallest GPT model (2B, hidden 2048) to 47% for the largest (462B,
+hidden 20480): 0.87x over 10x the hidden size, (1/10)^0.06 = 0.87. Narayanan et al. 2021 (SC21, Table 1:
+44% of A100 peak at 1.7B and hidden 2304, 44-52% up to 1T) show the same weak dependence."""
+
+
+def gemm_mfu(mfu: float, hidden: int, tp: int, micro_tokens: int, *, ref_width: int, ref_tokens: int) -> float:
+    """Dense MFU for GEMMs of per-GPU width ``hidden / tp`` over ``micro_tokens`` rows.
+
+    ``mfu`` holds at width ``ref_width`` and ``ref_tokens`` rows; narrower or shorter GEMMs lose by the
+    power law of :data:`GEMM_WIDTH_EXPONENT` (wider ones gain by it, capped at 1.15x: Megatron's largest
+    models reach 47-52%, ~1.15x the 41-44% of its 2B models).
+    """
+    width = (hidden / tp) / ref_width
+    rows = min(1.0, micro_tokens / ref_tokens)
+    return mfu * min(1.15, width**GEMM_WIDTH_EXPONENT) * rows**GEMM_WIDTH_EXPONENT
