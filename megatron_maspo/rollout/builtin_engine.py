@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from megatron_maspo.rollout.buckets import Bucket, unpack_bucket
+from megatron_maspo.rollout.buckets import Bucket, unpack_stream
 from megatron_maspo.rollout.fused_experts import fused_slot, pieces_per_fused
 from megatron_maspo.rollout.routing import RoutingRecorder
 from megatron_maspo.rollout.sampling import sample_tokens, scaled_logprobs
@@ -113,8 +113,9 @@ class BuiltinEngine:
         self._asleep = 0
 
     def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
-        """Verify each bucket's checksum, then :meth:`load_weights` from zero-copy views of its buffer."""
-        self.load_weights(item for b in buckets for item in unpack_bucket(b, verify=verify))
+        """Verify each bucket's checksum, then :meth:`load_weights` from zero-copy views of its buffer
+        (split tensors reassembled first)."""
+        self.load_weights(unpack_stream(buckets, verify=verify))
 
     def sleep(self, level: int = 1) -> None:
         """Colocation hook (the KV cache lives only inside ``generate``, so it is already gone).

@@ -31,9 +31,11 @@ import torch
 
 from megatron_maspo.rollout.buckets import (
     Bucket,
-    TensorMeta,
+    Reassembler,
     bucket_from_wire,
     bucket_to_wire,
+    meta_from_wire,
+    meta_to_wire,
     pack_buckets,
     unpack_bucket,
 )
@@ -54,12 +56,14 @@ class MaspoWorkerExtension:
         model = self.model_runner.get_model()
         self._maspo_loaded: set[str] = set()
         self._maspo_crc: dict[str, int] = {}
+        self._maspo_asm = Reassembler()  # pieces of tensors larger than a bucket, glued back in order
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(model)
 
     def maspo_load_bucket(self, wire: dict, verify: bool = True) -> int:
         """Load one bucket sent as :func:`~.buckets.bucket_to_wire`; returns the number of tensors."""
-        return self._maspo_load(unpack_bucket(bucket_from_wire(wire), verify=verify), verify)
+        return self._maspo_load(unpack_bucket(bucket_from_wire(wire), verify=verify,
+                                              assembler=self._maspo_asm), verify)
 
     def maspo_load_bucket_ipc(self, handle: bytes, nbytes: int, metas: list, crc: int | None,
                               index: int, verify: bool = True) -> int:
@@ -71,8 +75,8 @@ class MaspoWorkerExtension:
 
         on_gpu = self.device.type == "cuda"
         buffer = open_shared(handle, self.device.index if on_gpu else None)[:nbytes]
-        bucket = Bucket(buffer, [TensorMeta(n, d, tuple(s), o) for n, d, s, o in metas], crc, index)
-        n = self._maspo_load(unpack_bucket(bucket, verify=verify), verify)
+        bucket = Bucket(buffer, [meta_from_wire(w) for w in metas], crc, index)
+        n = self._maspo_load(unpack_bucket(bucket, verify=verify, assembler=self._maspo_asm), verify)
         if on_gpu:
             torch.cuda.synchronize()  # the sender reuses the buffer once we return
         return n
@@ -112,6 +116,7 @@ class MaspoWorkerExtension:
         with set_current_vllm_config(self.vllm_config):
             finalize_layerwise_reload(model, self.vllm_config.model_config)
             _refresh_tied_lm_head(model)
+        self._maspo_asm.check_done()
         self.model_runner.reset_encoder_cache()
         expected = {n for n, _ in model.named_parameters()}
         missing = expected - self._maspo_loaded
@@ -264,7 +269,7 @@ class VllmEngine:
             return
         from megatron_maspo.rollout.transport import share
 
-        metas = [[m.name, m.dtype, list(m.shape), m.offset] for m in b.metas]
+        metas = [meta_to_wire(m) for m in b.metas]
         self.llm.collective_rpc("maspo_load_bucket_ipc",
                                 args=(share(b.buffer), b.buffer.numel(), metas, b.checksum, b.index, verify))
 
