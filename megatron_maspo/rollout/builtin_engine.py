@@ -239,6 +239,15 @@ class BuiltinEngine:
         return g
 
 
+def engine_device(gpus: tuple[int, ...] | None = None, *, cuda: bool | None = None) -> torch.device:
+    """The device of a built-in engine placed on ``gpus`` (``FleetLayout.engine_gpus``, whose first entry is
+    the owner rank's GPU): ``cuda:gpus[0]``, or the current CUDA device when ``gpus`` is None; the CPU
+    without CUDA. ``cuda`` overrides the CUDA check (tests)."""
+    if not (torch.cuda.is_available() if cuda is None else cuda):
+        return torch.device("cpu")
+    return torch.device("cuda", gpus[0] if gpus else torch.cuda.current_device())
+
+
 def default_engine_device() -> torch.device:
     """The current CUDA device when CUDA is present (``set_device(LOCAL_RANK)`` picks it), else the CPU."""
     if torch.cuda.is_available():

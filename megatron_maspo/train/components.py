@@ -71,21 +71,26 @@ def _load_hf(chunks, *, spec, groups, src):
     load_hf_weights(chunks, spec, groups, src)
 
 
-def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any):
-    """The rollout engine (on the sending rank only). Weights arrive through the first sync."""
+def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any, gpus: tuple[int, ...] | None = None):
+    """The rollout engine (on the sending rank only). Weights arrive through the first sync.
+
+    Args:
+        gpus: the engine's node-local GPUs from the fleet layout (``rollout.fleet.owner_gpus``); None =
+            the current device (built-in) / vLLM's default. Unused on CPU.
+    """
     from megatron_maspo.model.hf_config import hf_config_dict
 
     hf_cfg = hf_config_dict(spec)
     if cfg.rollout.engine == "builtin":
-        from megatron_maspo.rollout.builtin_engine import BuiltinEngine
+        from megatron_maspo.rollout.builtin_engine import BuiltinEngine, engine_device
 
         dtype = torch.bfloat16 if cfg.model.bf16 else torch.float32
-        engine = BuiltinEngine.from_hf_config(hf_cfg, dtype=dtype)
+        engine = BuiltinEngine.from_hf_config(hf_cfg, dtype=dtype, device=engine_device(gpus))
         engine.record_routing = cfg.model.routing_replay != "off"  # MoE routing replay
         return engine
     from megatron_maspo.rollout.vllm_engine import VllmEngine
 
-    return VllmEngine.from_config(cfg, spec, tokenizer)
+    return VllmEngine.from_config(cfg, spec, tokenizer, gpus=gpus)
 
 
 class PromptOrder:

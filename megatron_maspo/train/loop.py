@@ -31,7 +31,7 @@ from megatron_maspo.config import MaspoConfig, check_combinations, save_config
 from megatron_maspo.loss.advantages import compute_advantages
 from megatron_maspo.loss.group_stats import prompt_group_stats
 from megatron_maspo.parallel import comm
-from megatron_maspo.rollout.fleet import build_fleet
+from megatron_maspo.rollout.fleet import build_fleet, owner_gpus
 from megatron_maspo.train import faults
 from megatron_maspo.train.components import PromptOrder, build_engine, build_policy_source
 from megatron_maspo.train.distributed import setup_distributed
@@ -133,7 +133,8 @@ class Trainer:
         self.memory, self.offloader = _memory_hooks(self.actor, cfg)
         self.fleet = build_fleet(cfg, world)  # the same object the planner reads
         self.engine_id = self.fleet.engine_of(self.rank)
-        self.engine = build_engine(cfg, self.spec, self.tokenizer) if self.engine_id is not None else None
+        self.engine = (build_engine(cfg, self.spec, self.tokenizer, gpus=owner_gpus(self.fleet, self.rank))
+                       if self.engine_id is not None else None)
         if self.rank == 0:
             logger.info("rollout fleet: %s", self.fleet.describe(cfg.train.prompts_per_step))
         self.examples = self._load_examples()
