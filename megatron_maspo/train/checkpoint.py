@@ -29,6 +29,7 @@ from megatron_maspo.model.checkpoint import (
     load_model_state,
     model_sharded_state_dict,
 )
+from megatron_maspo.model.spec_record import check_spec_record, write_spec_record
 from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,8 @@ def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict
         state.update(scheduler=actor.scheduler.state_dict(), data_state=dict(data_state or {}),
                      steps_done=actor.steps_done, world_size=dist.get_world_size())
         dist_checkpointing.save(state, str(tmp))
+        if dist.get_rank() == 0 and hasattr(actor, "opts"):  # the spec that built it (model/spec_record.py)
+            write_spec_record(tmp, actor.opts)
         (tmp / "rng").mkdir(exist_ok=True)
         torch.save(_rng_state(), tmp / "rng" / f"rank{dist.get_rank()}.pt")
     logger.info("saved checkpoint %s", final)
@@ -119,6 +122,8 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
+    if hasattr(actor, "opts"):
+        check_spec_record(path, actor.opts)  # another layer spec: refuse naming both, before the strict load
     if load_optimizer:
         for opt in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer]):
             init = getattr(opt, "_init_optimizer_states_with_dummy_values", None)
