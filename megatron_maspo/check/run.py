@@ -102,13 +102,13 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, say: Callable[[
 
     world = nodes * gpus_per_node
     p = cfg.parallel
-    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(p, world_size=world))
-    spec = arch_of(cfg)
-    t0 = time.perf_counter()
-    try:
+    try:  # the config validates the layout against the world (as the launcher sets world_size)
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(p, world_size=world))
         coords = coordinates(world, tp=p.tp, pp=p.pp, ep=p.ep, cp=p.cp)
     except ValueError as e:
-        raise CheckError("layout", str(e)) from None
+        raise CheckError("layout", f"{nodes} x {gpus_per_node} GPUs: {e}") from None
+    spec = arch_of(cfg)
+    t0 = time.perf_counter()
     opts, te, grouped = _build_options(cfg)
     say(f"model: {cfg.model.arch or cfg.model.source} ({spec.num_parameters() / 1e9:.2f} B parameters), "
         f"{'TE (recorded names)' if te else 'local'} spec, on {nodes} x {gpus_per_node} GPUs: tp={p.tp} "
