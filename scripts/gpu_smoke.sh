@@ -10,6 +10,8 @@
 #   convert_m2h  `maspo convert megatron-to-hf --verify` of that checkpoint back to HF on CUDA
 #   logprobs     vocab-parallel log-probs + entropy (logits given / from hidden) vs a naive full
 #                log-softmax on CUDA: error, time and peak-memory ratios measured in the same run
+#   varlen       attention_backend='varlen''s one-call varlen flash kernel vs per-sequence SDPA (bf16,
+#                7B head shapes): error and time ratio (skipped in --cpu mode: no CPU kernel)
 # and prints one summary table (PASS/FAIL per part, with its figures). Exit status: failed parts.
 #
 # Usage:
@@ -140,6 +142,7 @@ run_part convert_h2m 75 bash -c "\"$PY\" \"$SMOKE\" make-hf $WORK/hf && \"$PY\" 
 run_part convert_m2h 60 "$PY" -m megatron_maspo.cli.main convert megatron-to-hf --ckpt "$WORK/mcore" \
   --out "$WORK/hf_back" --verify
 run_part logprobs 60 "$PY" "$SMOKE" logprobs $CPU_FLAG
+run_part varlen 30 "$PY" "$SMOKE" varlen $CPU_FLAG
 
 echo
 echo "gpu_smoke summary ($MODE mode; logs in $WORK)"

@@ -128,8 +128,8 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, say: Callable[[
             shards += list(sharded_shards(chunks))  # needs the rank's parallel state (its DP group)
         del chunks
         gc.collect()
-    names = (f"{n_te} TE-spec names" if te else f"{n_local} local-spec names, {n_te} TE-spec names "
-             f"(grouped GEMM {'on' if grouped else 'off'} for MoE)")
+    grouped_note = f" (TE experts: grouped GEMM {'on' if grouped else 'off'})" if spec.is_moe else ""
+    names = (f"{n_te} TE-spec names" if te else f"{n_local} local-spec names, {n_te} TE-spec names") + grouped_note
     say(f"ok   tables: {names} resolve both ways with the shapes the HF tensors imply "
         f"({time.perf_counter() - t0:.1f} s to build {len(coords)} ranks on the meta device)")
     keys = check_checkpoint_cover(shards)

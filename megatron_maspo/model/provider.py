@@ -22,7 +22,7 @@ from megatron_maspo.model.spec import ArchSpec
 
 logger = logging.getLogger(__name__)
 
-ATTENTION_BACKENDS = ("packed_sdpa", "dense_mask", "te")
+ATTENTION_BACKENDS = ("packed_sdpa", "dense_mask", "varlen", "te")
 
 
 @dataclass(kw_only=True)
@@ -44,7 +44,8 @@ class ModelBuildOptions:
     whether TE happens to import (conversion reads the spec recorded with a checkpoint,
     ``model/spec_record.py``). None = TE spec if Transformer Engine imports (explicit opt-in only)."""
     attention_backend: str = "packed_sdpa"
-    """Core attention of the local spec: ``"packed_sdpa"`` or ``"dense_mask"``; ``"te"`` = TE spec."""
+    """Core attention of the local spec: ``"packed_sdpa"``, ``"dense_mask"`` or ``"varlen"`` (one varlen flash
+    call per layer, GPU only); ``"te"`` = TE spec (its thd attention)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (TE spec with TP > 1 only: the local spec's torch norms refuse it)."""
     calculate_per_token_loss: bool = True
@@ -75,6 +76,10 @@ def attention_options(backend: str, tp: int) -> dict:
         from megatron_maspo.model.te_spec import require_te
 
         require_te()
+    if backend == "varlen":
+        from megatron_maspo.model.varlen_attention import require_varlen
+
+        require_varlen()
     return {"attention_backend": backend, "use_te": backend == "te",
             "sequence_parallel": backend == "te" and tp > 1}
 
@@ -198,13 +203,18 @@ def layer_spec(spec: ArchSpec, opts: ModelBuildOptions):
         raise ValueError("sequence_parallel needs the Transformer Engine spec (attention_backend='te')")
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    lspec = get_gpt_layer_local_spec(num_experts=spec.num_moe_experts, moe_grouped_gemm=False,
+    lspec = get_gpt_layer_local_spec(num_experts=spec.num_moe_experts, moe_grouped_gemm=moe_grouped_gemm(opts),
                                      qk_layernorm=spec.qk_layernorm, normalization="RMSNorm")
     if opts.attention_backend == "packed_sdpa":
         from megatron_maspo.model.packed_attention import PackedSDPAttention
 
         attention: Any = lspec.submodules.self_attention  # type: ignore[attr-defined]
         attention.submodules.core_attention = PackedSDPAttention
+    elif opts.attention_backend == "varlen":  # one varlen flash call per layer (GPU; model/varlen_attention.py)
+        from megatron_maspo.model.varlen_attention import VarlenAttention
+
+        attention = lspec.submodules.self_attention  # type: ignore[attr-defined]
+        attention.submodules.core_attention = VarlenAttention
     return lspec
 
 
