@@ -144,11 +144,12 @@ def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp:
     from megatron_maspo.model.hf_config import hf_config_dict
 
     from megatron_maspo.model.spec_record import build_fields, read_spec_record
+    from megatron_maspo.model.te_spec import te_available
 
     spec = load_arch_spec(ckpt)
-    # Build the spec that wrote the checkpoint (its keys), whatever this machine could build.
-    groups, chunks, _ = _groups_and_chunks(spec, tp, pp, ep, megatron_checkpoint_dtype(ckpt),
-                                           build_fields(read_spec_record(ckpt)))
+    # Build the spec that wrote the checkpoint (its keys), not whatever happens to import here.
+    fields = build_fields(read_spec_record(ckpt), te_buildable=te_available())
+    groups, chunks, _ = _groups_and_chunks(spec, tp, pp, ep, megatron_checkpoint_dtype(ckpt), fields)
     load_model_checkpoint(chunks, ckpt)
     tdtype = getattr(torch, dtype) if dtype else next(chunks[0].parameters()).dtype
     stream = export_hf_weights(chunks, spec, groups, dtype=tdtype)

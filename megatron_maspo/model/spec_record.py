@@ -1,9 +1,12 @@
 """The layer spec that built a checkpoint, recorded beside it (``maspo_layer_spec.json``).
 
-Megatron's strict loads match parameter names, and the local and Transformer Engine specs name the same
-weights differently (``input_layernorm.weight`` vs ``self_attention.linear_qkv.layer_norm_weight``,
-``model/te_names.py``). So a checkpoint carries the spec it was written with, and every reader builds that
-spec (conversion) or refuses with both names (a resume whose options build another one):
+The local and Transformer Engine specs name the same weights differently in memory
+(``input_layernorm.weight`` vs ``self_attention.linear_qkv.layer_norm_weight``; grouped-GEMM experts
+``linear_fc1.weight{j}``, ``model/te_names.py``). Megatron maps the dense names to one sharded key
+(the local spec's ``sharded_state_dict_keys_map``), but TE modules add ``_extra_state`` entries and loads are
+strict, so a checkpoint carries the spec it was written with: conversion builds that spec (the local one
+where TE cannot be built: its keys are the ones Megatron maps), and a resume whose options build another
+spec logs both and, if the load fails, names both in the error instead of a missing key:
 
     {"layer_spec": "local" | "te", "core_attention": "packed_sdpa" | "dense_mask" | "te",
      "moe_grouped_gemm": bool, "megatron_core": "0.16.1"}
@@ -61,22 +64,23 @@ def read_spec_record(ckpt_dir: str | Path) -> dict:
     return rec
 
 
-def build_fields(rec: dict) -> dict:
-    """``ModelBuildOptions`` fields that rebuild the recorded spec (conversion jobs)."""
-    te = rec["layer_spec"] == "te"
+def build_fields(rec: dict, *, te_buildable: bool = True) -> dict:
+    """``ModelBuildOptions`` fields that rebuild the recorded spec (conversion jobs); the local spec when the
+    record says TE but TE cannot be built here (``te_buildable=False``)."""
+    te = rec["layer_spec"] == "te" and te_buildable
     attention = rec.get("core_attention", "packed_sdpa")
-    return {"use_te": te, "attention_backend": "te" if te else attention}
+    return {"use_te": te, "attention_backend": "te" if te else ("packed_sdpa" if attention == "te" else attention)}
 
 
-def check_spec_record(ckpt_dir: str | Path, opts: Any) -> None:
-    """Raise ``ValueError`` when ``opts`` would build another layer spec than the one that wrote ``ckpt_dir``
-    (a strict load would fail on the first renamed key instead). Core attention may differ: it has no
-    parameters."""
+def spec_mismatch(ckpt_dir: str | Path, opts: Any) -> str | None:
+    """A one-line description when ``opts`` builds another layer spec than the one that wrote ``ckpt_dir``,
+    else None (core attention may differ: it has no parameters)."""
     rec = read_spec_record(ckpt_dir)
     mine = spec_record(opts)
     keys = ("layer_spec", "moe_grouped_gemm")
-    if any(rec.get(k, LEGACY[k]) != mine[k] for k in keys):
-        theirs = {k: rec.get(k, LEGACY[k]) for k in keys}
-        raise ValueError(f"checkpoint {ckpt_dir} was written by the {theirs} layer spec ({SPEC_FILE}); this run "
-                         f"builds {({k: mine[k] for k in keys})}: set model.attention_backend to match "
-                         "('te' for the TE spec), or convert the checkpoint through HF")
+    if all(rec.get(k, LEGACY[k]) == mine[k] for k in keys):
+        return None
+    theirs = {k: rec.get(k, LEGACY[k]) for k in keys}
+    return (f"checkpoint {ckpt_dir} was written by the {theirs} layer spec ({SPEC_FILE}); this run builds "
+            f"{({k: mine[k] for k in keys})}: set model.attention_backend to match ('te' for the TE spec), or "
+            "convert the checkpoint through HF")

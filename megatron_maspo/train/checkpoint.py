@@ -29,7 +29,7 @@ from megatron_maspo.model.checkpoint import (
     load_model_state,
     model_sharded_state_dict,
 )
-from megatron_maspo.model.spec_record import check_spec_record, write_spec_record
+from megatron_maspo.model.spec_record import spec_mismatch, write_spec_record
 from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
 
 logger = logging.getLogger(__name__)
@@ -122,8 +122,9 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
-    if hasattr(actor, "opts"):
-        check_spec_record(path, actor.opts)  # another layer spec: refuse naming both, before the strict load
+    mismatch = spec_mismatch(path, actor.opts) if hasattr(actor, "opts") else None
+    if mismatch:  # Megatron maps most keys across specs; say so now, and name both if the load fails
+        logger.warning("%s", mismatch)
     if load_optimizer:
         for opt in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer]):
             init = getattr(opt, "_init_optimizer_states_with_dummy_values", None)
@@ -131,8 +132,13 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
                 with spoof_tensor_type():
                     init()
     state = _sharded_state(actor, is_loading=True, with_optimizer=load_optimizer)
-    loaded = dist_checkpointing.load(state, str(path))
-    load_model_state(actor.named_modules_unwrapped(), loaded)
+    try:
+        loaded = dist_checkpointing.load(state, str(path))
+        load_model_state(actor.named_modules_unwrapped(), loaded)
+    except Exception as e:
+        if mismatch:
+            raise ValueError(f"{mismatch} (load failed: {e})") from e
+        raise
     if load_optimizer:
         # Megatron's param groups carry their own max_lr / min_lr, which the scheduler reads before its
         # own; the optimizer state would bring back the checkpoint's. Keep this run's (the config's).
