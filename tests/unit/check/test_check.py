@@ -103,3 +103,10 @@ def test_cli_prints_the_report_and_exits_by_outcome(capsys):
     assert main(["check", "tiny", "--nodes", "0"]) == 2
     assert main(["check", "r1_distill_qwen_7b_maspo", "--nodes", "1", "--gpus-per-node", "3"]) == 1
     assert "FAIL [layout]" in capsys.readouterr().out
+
+
+def test_te_backend_is_checked_under_the_recorded_te_names():
+    cfg = resolve_config("r1_distill_qwen_1p5b_maspo", None, ["model.attention_backend=te"])
+    res = check_config(cfg, nodes=1, gpus_per_node=8)
+    assert res.ok, res.lines
+    assert "TE (recorded names) spec" in res.lines[0] and "TE-spec names resolve" in res.lines[1]
