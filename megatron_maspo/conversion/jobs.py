@@ -142,7 +142,6 @@ def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp:
     )
     from megatron_maspo.conversion.megatron_to_hf import export_hf_weights, save_hf_folder
     from megatron_maspo.model.hf_config import hf_config_dict
-
     from megatron_maspo.model.spec_record import build_fields, read_spec_record
     from megatron_maspo.model.te_spec import te_available
 

@@ -11,7 +11,13 @@ import pytest
 
 from megatron_maspo.conversion.plan import global_items, mcore_names, resolve
 from megatron_maspo.model.spec import ArchSpec
-from megatron_maspo.model.te_names import MEGATRON_CORE_VERSION, SOURCES, local_name, spellings, te_name
+from megatron_maspo.model.te_names import (
+    MEGATRON_CORE_VERSION,
+    SOURCES,
+    local_name,
+    spellings,
+    te_name,
+)
 
 MOE = ArchSpec(family="qwen3_moe", num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
                num_query_groups=2, kv_channels=16, vocab_size=100, max_position_embeddings=64, qk_layernorm=True,
