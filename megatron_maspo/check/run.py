@@ -9,7 +9,8 @@ trainer builds, ``use_cpu_initialization=False``) and runs every step that needs
     tables        conversion tables vs each rank's parameter names and shapes, both ways, under the local
                   spec's names and the TE spec's recorded names (``model/te_names.py``)
     checkpoint    the sharded-state-dict keys of all ranks tile every tensor once
-    weight sync   the export manifest laid into ``rollout.bucket_mb`` buckets as the sync packs it
+    weight sync   one pipeline stage owns each layer, the embedding and the head (the export's per-stage
+                  manifest); the export manifest laid into ``rollout.bucket_mb`` buckets as the sync packs it
     placement     each engine's node and GPUs (``FleetLayout.placement``); no GPU shared
     memory plan   the planner's parameters per GPU and offload bytes vs the built ranks'; the plan fits
 
@@ -33,9 +34,11 @@ from megatron_maspo.check.steps import (
     check_memory,
     check_names,
     check_placement,
+    check_stage_manifest,
     export_manifest,
     rank_counts,
     sharded_shards,
+    stage_manifest,
 )
 from megatron_maspo.check.world import build_meta_chunks, coordinates, fake_rank
 
@@ -115,7 +118,7 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, say: Callable[[
         f"pp={p.pp} ep={p.ep} cp={p.cp}, {len(coords)} distinct model-parallel ranks")
     vocab_rows = spec.padded_vocab_size(p.tp, cfg.model.make_vocab_size_divisible_by)
     n_local = n_te = 0
-    counts, shards = [], []
+    counts, shards, stages = [], [], {}
     for c in coords:
         where = f"rank {c.rank} (tp {c.tp}, pp {c.pp}, ep {c.ep}, cp {c.cp})"
         kw = dict(tp=p.tp, ep=p.ep, ep_rank=c.ep, vocab_rows=vocab_rows, where=where)
@@ -125,6 +128,7 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, say: Callable[[
                 n_local += check_names(chunks, spec, **kw)
             n_te += check_names(chunks, spec, te=True, grouped=grouped, **kw)
             counts.append(rank_counts(chunks))
+            stages[c.pp] = stage_manifest(chunks)  # identical for every rank of one stage
             shards += list(sharded_shards(chunks))  # needs the rank's parallel state (its DP group)
         del chunks
         gc.collect()
@@ -134,12 +138,13 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, say: Callable[[
         f"({time.perf_counter() - t0:.1f} s to build {len(coords)} ranks on the meta device)")
     keys = check_checkpoint_cover(shards)
     say(f"ok   checkpoint: {keys} sharded-state-dict keys, every one tiled exactly once by the ranks' shards")
+    check_stage_manifest(stages, spec.num_layers)
     dtype = "bfloat16" if cfg.model.bf16 else "float32"
     manifest = export_manifest(spec, dtype)
     cap = bucket_bytes_from_mb(cfg.rollout.bucket_mb)
     n_buckets, largest = check_bucket_plan(manifest, cap)
     big = max(manifest, key=lambda m: m[2][0] * (m[2][1] if len(m[2]) > 1 else 1))
-    say(f"ok   weight sync: {len(manifest)} tensors ({dtype}) in {n_buckets} buckets of {cfg.rollout.bucket_mb:g} MiB; "
+    say(f"ok   weight sync: {len(stages)} stage(s) own every layer once; {len(manifest)} tensors ({dtype}) in {n_buckets} buckets of {cfg.rollout.bucket_mb:g} MiB; "
         f"largest {big[0]} {big[2]} = {largest / 2**20:,.0f} MiB"
         + (f", split over {-(-largest // cap)} buckets" if largest > cap else ""))
     fleet = build_fleet(cfg, world)

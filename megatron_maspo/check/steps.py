@@ -11,7 +11,8 @@ Per built rank (meta-device ``GPTModel`` chunks):
   then checks, over all ranks, that each key has one global shape and that its main-replica shards tile it
   exactly (a gap is a tensor no rank saves, an overlap two ranks writing one slice).
 
-Once per layout: :func:`check_bucket_plan` (the sync's export manifest, i.e. every HF tensor in export order
+Once per layout: :func:`check_stage_manifest` (one owning stage per layer, embedding and head),
+:func:`check_bucket_plan` (the sync's export manifest, i.e. every HF tensor in export order
 with its shape and the rollout dtype, laid into buckets of ``rollout.bucket_mb``), :func:`check_placement`
 (each engine's GPUs on each node), :func:`check_memory` (the planner's per-GPU parameter counts and offload
 bytes against the built chunks').
@@ -159,6 +160,32 @@ def check_checkpoint_cover(shards: Iterable[tuple[str, tuple, tuple, tuple]]) ->
             raise CheckError("checkpoint", f"key {key!r}: the ranks' shards cover {sum(seen.values())} of "
                                            f"{math.prod(gshape)} elements of {gshape}")
     return len(by_key)
+
+
+def stage_manifest(chunks: list[torch.nn.Module]) -> dict:
+    """This rank's entry of the export's per-stage manifest (``megatron_to_hf._manifest``): embedding?,
+    head?, its global layers."""
+    from megatron_maspo.conversion.plan import chunk_layers
+    from megatron_maspo.model.checkpoint import unwrap
+
+    models = [unwrap(c) for c in chunks]
+    return {"pre": any(m.pre_process for m in models), "post": any(m.post_process for m in models),
+            "layers": [i for m in models for i in chunk_layers(m)]}
+
+
+def check_stage_manifest(stages: dict[int, dict], num_layers: int) -> None:
+    """The export finds one owner for the embedding, the head and every layer (else it raises mid-sync)."""
+    owners: dict[int, int] = {}
+    for pp, m in sorted(stages.items()):
+        for layer in m["layers"]:
+            if owners.setdefault(layer, pp) != pp:
+                raise CheckError("weight sync", f"layer {layer} is held by pipeline stages {owners[layer]} and {pp}")
+    if sorted(owners) != list(range(num_layers)):
+        raise CheckError("weight sync", f"the stages hold layers {sorted(owners)[:4]}..., the model has {num_layers}")
+    for key in ("pre", "post"):
+        if sum(m[key] for m in stages.values()) != 1:
+            raise CheckError("weight sync", f"{sum(m[key] for m in stages.values())} pipeline stages hold the "
+                                            f"{'embedding' if key == 'pre' else 'output head'}, the export needs one")
 
 
 def export_manifest(spec, dtype: str) -> list[tuple[str, str, tuple[int, ...]]]:
