@@ -126,3 +126,30 @@ def test_pieces_out_of_order_raise():
     buckets = list(pack_buckets([("x", torch.arange(100.0))], 128))
     with pytest.raises(ValueError, match="out of order"):
         list(unpack_stream([buckets[0], buckets[2]]))
+
+
+@pytest.mark.slow
+def test_a_real_7b_embedding_crosses_default_buckets_bitwise():
+    """The 1,040 MiB bf16 embedding itself through pack -> wire-less unpack at the default bucket size
+    (about 2.5 GiB peak: the tensor, one 512 MiB bucket, the reassembled copy)."""
+    import zlib
+
+    from megatron_maspo.rollout.config import RolloutConfig
+    from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb
+
+    emb = torch.empty(SEVEN_B_EMBEDDING, dtype=torch.bfloat16)
+    emb.view(torch.int16).copy_(torch.arange(emb.numel(), dtype=torch.int32).view(SEVEN_B_EMBEDDING)
+                                .remainder(65521).to(torch.int16))
+    want = zlib.crc32(emb.view(-1).view(torch.uint8).numpy())
+    cap = bucket_bytes_from_mb(RolloutConfig().bucket_mb)
+    n_buckets = 0
+
+    def counted(bs):
+        nonlocal n_buckets
+        for b in bs:
+            n_buckets += 1
+            yield b
+
+    ((name, got),) = list(unpack_stream(counted(pack_buckets([("model.embed_tokens.weight", emb)], cap))))
+    assert name == "model.embed_tokens.weight" and n_buckets == 3 and got.shape == SEVEN_B_EMBEDDING
+    assert zlib.crc32(got.reshape(-1).view(torch.uint8).numpy()) == want
