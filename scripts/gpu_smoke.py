@@ -13,6 +13,8 @@
     python scripts/gpu_smoke.py logprobs [--cpu]        vocab-parallel log-probs + entropy (logits given
                                                         and from hidden) vs a naive full log-softmax in
                                                         the same run: max error, time and peak-memory ratios
+    python scripts/gpu_smoke.py varlen [--cpu]          attention_backend='varlen''s kernel call vs per-sequence
+                                                        SDPA on a packed bf16 row (skipped with --cpu)
 
 Exit status 0 = the part passed. ``--cpu`` runs the same code on CPU with gloo (fast shapes), so the
 script's Python is tested without a GPU (tests/unit/scripts/test_gpu_smoke.py).
@@ -190,6 +192,42 @@ def cmd_logprobs(a: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_varlen(a: argparse.Namespace) -> int:
+    """``model.attention_backend='varlen'``'s kernel call (``model/varlen_attention.varlen_call``) on a packed
+    bf16 row of 7B-shaped heads vs one SDPA call per sequence (``packed_sdpa``'s path): error and time."""
+    if a.cpu:
+        print("SMOKE varlen: skipped with --cpu (torch's varlen kernel is CUDA only)")
+        return 0
+    import torch.nn.functional as F
+    from torch.nn.attention.varlen import varlen_attn
+
+    from megatron_maspo.model.varlen_attention import varlen_call
+
+    dev = _device(False)
+    lens, nh, ng, d = [700, 1500, 37, 4096, 1200, 2659], 28, 4, 128
+    bounds = [0]
+    for n in lens:
+        bounds.append(bounds[-1] + n)
+    g = torch.Generator(device=dev).manual_seed(0)
+    q, k, v = (torch.randn(bounds[-1], h, d, device=dev, generator=g, dtype=torch.bfloat16) for h in (nh, ng, ng))
+    cu = torch.tensor(bounds, device=dev, dtype=torch.int32)
+    scale = d ** -0.5
+
+    def per_sequence() -> torch.Tensor:
+        outs = [F.scaled_dot_product_attention(*(x[s:e].transpose(0, 1)[None] for x in (q, k, v)), is_causal=True,
+                                               scale=scale, enable_gqa=True)[0].transpose(0, 1)
+                for s, e in zip(bounds[:-1], bounds[1:])]
+        return torch.cat(outs)
+
+    args, kw = varlen_call(q, k, v, cu, max(lens), scale=scale, causal=True)
+    t_ref, _, ref = _timed(per_sequence, dev, a.reps)
+    t_var, _, got = _timed(lambda: varlen_attn(*args, **kw), dev, a.reps)
+    err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+    print(f"SMOKE varlen: {len(lens)} sequences, {bounds[-1]} tokens, {nh}/{ng} heads x {d}: max_rel_err={err:.1e} "
+          f"time x{t_var / t_ref:.2f} of per-sequence SDPA")
+    return 0 if err < 2e-2 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -210,9 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--vocab", type=int, default=152064)
     s.add_argument("--hidden", type=int, default=3584)
     s.add_argument("--reps", type=int, default=3)
+    s = sub.add_parser("varlen")
+    s.add_argument("--cpu", action="store_true")
+    s.add_argument("--reps", type=int, default=3)
     a = p.parse_args(argv)
     return {"nccl": cmd_nccl, "make-hf": cmd_make_hf, "check-train": cmd_check_train,
-            "check-verify": cmd_check_verify, "logprobs": cmd_logprobs}[a.cmd](a)
+            "check-verify": cmd_check_verify, "logprobs": cmd_logprobs, "varlen": cmd_varlen}[a.cmd](a)
 
 
 if __name__ == "__main__":

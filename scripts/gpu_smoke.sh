@@ -16,7 +16,8 @@
 #                into a spawned built-in engine process: bitwise check of every parameter, GB/s
 #   sleep        engine sleep/wake + trainer offload/reload (train/actor/offload.py): bit-exact, memory per phase
 #   mismatch     trainer (Megatron) vs engine (transformers) log-probs of the same sampled tokens (tolerance)
-#   varlen       a varlen attention backend vs packed_sdpa, when this checkout has one ("not available" else)
+#   varlen       model.attention_backend='varlen' (one varlen flash call per layer) vs packed_sdpa logits
+#                (skipped with --cpu: the kernel is CUDA only). Kernel alone: python scripts/gpu_smoke.py varlen
 # and prints one summary table (PASS/FAIL per part, with its figures). Exit status: failed parts.
 #
 # Usage:

@@ -369,6 +369,9 @@ def cmd_varlen(a: argparse.Namespace) -> int:
         print(f"SMOKE varlen: not available (no model.attention_backend in {'/'.join(VARLEN_CANDIDATES)}; "
               "SMOKE_VARLEN_BACKEND names one)")
         return 0
+    if a.cpu and backend == "varlen":  # model/varlen_attention.py: torch's varlen kernel is CUDA only
+        print("SMOKE varlen: skipped with --cpu (attention_backend='varlen' runs only on CUDA)")
+        return 0
     from megatron_maspo.model.hf_config import arch_spec_from_hf
     from megatron_maspo.model.tiny_hf import make_tiny_hf_model
     from megatron_maspo.parallel.groups import init_parallel

@@ -5,6 +5,7 @@
     maspo eval --checkpoint runs/maspo --k 8
     maspo convert hf-to-megatron --hf DIR --out DIR [--tp 2 --pp 2] [--verify]
     maspo plan r1_distill_qwen_7b_maspo --nodes 4 --gpus-per-node 8
+    maspo check r1_distill_qwen_7b_maspo           # every shape of the full-size run, meta device
     maspo launch r1_distill_qwen_7b_maspo --executor slurm --nodes 4 --dry-run
     maspo doctor                      # this environment's GPU stack vs the supported set
 
@@ -25,7 +26,7 @@ import importlib.util
 import logging
 import sys
 
-SUBCOMMANDS = ("train", "eval", "convert", "plan", "launch", "doctor")
+SUBCOMMANDS = ("train", "eval", "convert", "plan", "check", "launch", "doctor")
 
 
 def build_parser() -> argparse.ArgumentParser:

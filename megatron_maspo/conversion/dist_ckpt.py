@@ -1,7 +1,7 @@
 """Model-only Megatron distributed checkpoints, written atomically (temp folder + rename).
 
 The checkpoint is Megatron's ``torch_dist`` format (reshardable: save at one TP/PP/EP, load at
-another) plus ``maspo_arch.json`` (the :class:`ArchSpec`) and, optionally, the HF tokenizer files
+another) plus ``maspo_arch.json`` (the :class:`ArchSpec`), ``maspo_layer_spec.json`` (the layer spec that built it) and, optionally, the HF tokenizer files
 under ``hf_assets/`` so ``megatron-to-hf`` can rebuild a complete HF folder. The atomic-save protocol and
 the sharded state dict are :mod:`megatron_maspo.model.checkpoint`'s, shared with the actor's training
 checkpoint.
@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,7 +24,9 @@ from megatron_maspo.model.checkpoint import (
     load_model_state,
     model_sharded_state_dict,
 )
+from megatron_maspo.model.provider import ModelBuildOptions
 from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.model.spec_record import write_spec_record
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +38,12 @@ __all__ = ["ARCH_FILE", "ASSETS_DIR", "atomic_dir", "load_arch_spec", "load_mode
 
 
 def save_model_checkpoint(chunks: list[torch.nn.Module], path: str | Path, spec: ArchSpec, *,
-                          hf_assets: str | Path | None = None) -> Path:
+                          hf_assets: str | Path | None = None, opts: Any = None) -> Path:
     """Collective (all ranks of the default group): save the model chunks to ``path`` atomically.
 
     Every rank writes its shards into one temporary sibling folder, rank 0 adds the architecture
-    (and the HF tokenizer files) and renames it to ``path`` (:func:`collective_atomic_dir`); an
+    (and the HF tokenizer files, and the layer spec ``opts`` builds: ``model/spec_record.py``; None = the
+    local spec) and renames it to ``path`` (:func:`collective_atomic_dir`); an
     existing ``path`` is refused.
     """
     from megatron.core import dist_checkpointing
@@ -49,6 +53,7 @@ def save_model_checkpoint(chunks: list[torch.nn.Module], path: str | Path, spec:
         dist_checkpointing.save(model_sharded_state_dict(chunks), str(tmp))
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
             (tmp / ARCH_FILE).write_text(json.dumps(dataclasses.asdict(spec), indent=2))
+            write_spec_record(tmp, opts if opts is not None else ModelBuildOptions())
             if hf_assets is not None:
                 (tmp / ASSETS_DIR).mkdir()
                 copy_hf_assets(hf_assets, tmp / ASSETS_DIR)

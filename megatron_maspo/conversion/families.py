@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from megatron_maspo.conversion.mapping import QKV, Direct, Entry, FamilyTable, GatedMLP
 from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.model.te_names import FUSED_NORMS
 
 _A = "model.layers.{layer}.self_attn."
 _M = "decoder.layers.{layer}."
@@ -38,7 +39,8 @@ _DENSE_MLP: tuple[Entry, ...] = (
 )
 _E = "model.layers.{layer}.mlp.experts.{expert}."
 _LE = _M + "mlp.experts.local_experts.{local_expert}."
-# SequentialMLP (local spec, or TE spec without grouped GEMM). Expert TP is 1 on CPU (MoE needs
+# SequentialMLP names (local spec; TE spec without grouped GEMM); TEGroupedMLP's ``weight{j}`` spellings
+# resolve through model/te_names.py. Expert TP is 1 on CPU (MoE needs
 # TP=1 without sequence parallelism), so the splits below are those of expert-TP > 1 for reference.
 _QWEN3_MOE_MLP: tuple[Entry, ...] = (
     Direct("model.layers.{layer}.mlp.gate.weight", _M + "mlp.router.weight"),
@@ -53,11 +55,11 @@ FAMILY_TABLES: dict[str, FamilyTable] = {
     "qwen3_moe": FamilyTable("qwen3_moe", _PRE, _ATTENTION + _QWEN3_MOE_MLP, _POST),
 }
 
-# TE-spec parameter names differ only for the norms fused into the following linear (§2).
-TE_RENAMES: dict[str, str] = {
-    "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
-    "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
-}
+# Megatron names above are the local spec's; the TE spec's spellings (norms fused into the next linear,
+# grouped-GEMM experts ``mlp.experts.linear_fc1.weight{j}``) are derived from them by
+# ``model/te_names.py`` (recorded from megatron-core 0.16.1), and ``conversion/plan.resolve`` accepts
+# every spelling, so one table serves the local spec, the TE spec and TE with grouped GEMM.
+TE_RENAMES: dict[str, str] = FUSED_NORMS
 
 
 def family_table(spec: ArchSpec) -> FamilyTable:

@@ -67,14 +67,19 @@ def megatron_checkpoint_dtype(ckpt: str | Path) -> torch.dtype:
     return max(found, key=lambda d: torch.finfo(d).bits)
 
 
-def _groups_and_chunks(spec, tp: int, pp: int, ep: int, dtype: torch.dtype):
-    """Parallel state and this rank's chunks, built in ``dtype`` on this rank's device."""
+def _groups_and_chunks(spec, tp: int, pp: int, ep: int, dtype: torch.dtype, spec_fields: dict | None = None):
+    """Parallel state, this rank's chunks (built in ``dtype`` on this rank's device) and their options.
+
+    ``spec_fields``: the layer spec to build (``spec_record.build_fields`` of a checkpoint's record); None =
+    the local spec, the trainer's default, on every machine (not "TE whenever it imports").
+    """
     from megatron_maspo.model.provider import ModelBuildOptions, build_model_chunks
     from megatron_maspo.parallel.groups import init_parallel
 
     groups = init_parallel(tp=tp, pp=pp, ep=ep)
-    opts = ModelBuildOptions(tp=tp, pp=pp, ep=ep, params_dtype=dtype, bf16=dtype == torch.bfloat16)
-    return groups, build_model_chunks(spec, opts, pp_rank=groups.pp_rank)
+    opts = ModelBuildOptions(tp=tp, pp=pp, ep=ep, params_dtype=dtype, bf16=dtype == torch.bfloat16,
+                             **(spec_fields or {"use_te": False}))
+    return groups, build_model_chunks(spec, opts, pp_rank=groups.pp_rank), opts
 
 
 def _verify(chunks, spec, groups, hf_dir: str | Path) -> float | None:
@@ -114,9 +119,9 @@ def hf_to_megatron_rank(rank: int, world: int, hf_dir: str, out: str, tp: int, p
     from megatron_maspo.model.hf_config import arch_spec_from_hf
 
     spec = arch_spec_from_hf(hf_dir)
-    groups, chunks = _groups_and_chunks(spec, tp, pp, ep, hf_checkpoint_dtype(hf_dir))
+    groups, chunks, opts = _groups_and_chunks(spec, tp, pp, ep, hf_checkpoint_dtype(hf_dir))
     load_hf_weights(chunks, spec, groups, hf_dir)
-    save_model_checkpoint(chunks, out, spec, hf_assets=hf_dir)
+    save_model_checkpoint(chunks, out, spec, hf_assets=hf_dir, opts=opts)
     result: dict[str, Any] = {"rank": rank, "out": out}
     if verify:
         for m in chunks:  # reload from disk into zeroed weights: verify the checkpoint, not memory
@@ -137,9 +142,13 @@ def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp:
     )
     from megatron_maspo.conversion.megatron_to_hf import export_hf_weights, save_hf_folder
     from megatron_maspo.model.hf_config import hf_config_dict
+    from megatron_maspo.model.spec_record import build_fields, read_spec_record
+    from megatron_maspo.model.te_spec import te_available
 
     spec = load_arch_spec(ckpt)
-    groups, chunks = _groups_and_chunks(spec, tp, pp, ep, megatron_checkpoint_dtype(ckpt))
+    # Build the spec that wrote the checkpoint (its keys), not whatever happens to import here.
+    fields = build_fields(read_spec_record(ckpt), te_buildable=te_available())
+    groups, chunks, _ = _groups_and_chunks(spec, tp, pp, ep, megatron_checkpoint_dtype(ckpt), fields)
     load_model_checkpoint(chunks, ckpt)
     tdtype = getattr(torch, dtype) if dtype else next(chunks[0].parameters()).dtype
     stream = export_hf_weights(chunks, spec, groups, dtype=tdtype)

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from megatron_maspo.conversion.families import TE_RENAMES, family_table
+from megatron_maspo.conversion.families import family_table
 from megatron_maspo.conversion.mapping import Entry, enabled, fill, is_expert
 from megatron_maspo.model.checkpoint import unwrap
 from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.model.te_names import spellings
 
 __all__ = ["Item", "chunk_layers", "global_items", "hf_shape", "hf_state_dict_keys", "local_items",
            "mcore_names", "resolve", "unwrap"]
@@ -84,13 +85,13 @@ def mcore_names(item: Item, local_layer: int | None, spec: ArchSpec, ep: int,
 
 
 def resolve(params: dict[str, torch.Tensor], name: str) -> str:
-    """``name`` if the chunk has it, else its TE-spec spelling (norm fused into the next linear)."""
-    if name in params:
-        return name
-    for local, te in TE_RENAMES.items():
-        if name.endswith(local) and (alt := name[: -len(local)] + te) in params:
+    """The chunk's spelling of the local-spec name ``name``: itself, or its TE-spec name (norm fused into
+    the next linear; grouped-GEMM experts ``linear_fc1.weight{j}``), ``model/te_names.py``."""
+    for alt in spellings(name):
+        if alt in params:
             return alt
-    raise ValueError(f"Megatron parameter {name!r} not found in the model chunk (wrong spec or table?)")
+    raise ValueError(f"Megatron parameter {name!r} not found in the model chunk under any of its spellings "
+                     f"{list(spellings(name))} (wrong spec or table?)")
 
 
 def local_items(chunk: torch.nn.Module, spec: ArchSpec) -> Iterator[tuple[Item, int | None]]:

@@ -34,8 +34,9 @@ class ModelConfig:
     attention_backend: str = "packed_sdpa"
     """Attention over packed rows: ``"packed_sdpa"`` (causal SDPA per sequence, flash kernels on GPU and
     CPU, memory linear in the row length), ``"dense_mask"`` (Megatron's local attention with a
-    ``[1, 1, S, S]`` block-causal mask and ``[heads, S, S]`` scores: the reference, small S only) or
-    ``"te"`` (Transformer Engine spec, thd packing, sequence parallelism at TP > 1; needs CUDA and the
+    ``[1, 1, S, S]`` block-causal mask and ``[heads, S, S]`` scores: the reference, small S only),
+    ``"varlen"`` (one FlashAttention varlen call per layer, no host sync; CUDA only, written but not yet
+    run on a GPU: ``model/varlen_attention.py``) or ``"te"`` (Transformer Engine spec, thd packing, sequence parallelism at TP > 1; needs CUDA and the
     ``te`` extra, checked when the model is built). Rotary positions restart at every sequence on the
     packed paths."""
 
@@ -88,8 +89,8 @@ class ModelConfig:
                              f">= 8, got {self.tiny_num_layers}, {self.tiny_hidden_size}")
         if self.recompute not in (None, "selective", "full"):
             raise ValueError(f"model.recompute={self.recompute!r}; accepted: None, 'selective', 'full'")
-        if self.attention_backend not in ("packed_sdpa", "dense_mask", "te"):
+        if self.attention_backend not in ("packed_sdpa", "dense_mask", "varlen", "te"):
             raise ValueError(f"model.attention_backend={self.attention_backend!r}; accepted: "
-                             "'packed_sdpa', 'dense_mask', 'te'")
+                             "'packed_sdpa', 'dense_mask', 'varlen', 'te'")
         if self.make_vocab_size_divisible_by < 1:
             raise ValueError("model.make_vocab_size_divisible_by must be >= 1")

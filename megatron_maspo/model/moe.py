@@ -63,8 +63,11 @@ def moe_build_options(m: Any) -> dict:
                 moe_router_fp32=m.moe_router_fp32, routing_replay=m.routing_replay != "off")
 
 
-def moe_transformer_kwargs(spec: Any, opts: Any) -> dict:
+def moe_transformer_kwargs(spec: Any, opts: Any, *, grouped_gemm: bool = False) -> dict:
     """Megatron ``TransformerConfig`` MoE keys for ``spec`` (an MoE ``ArchSpec``) under ``opts``.
+
+    ``grouped_gemm`` must be the layer spec's own choice (``provider.moe_grouped_gemm``): the TE spec's
+    ``TEGroupedMLP`` and the config's ``moe_grouped_gemm`` then agree.
 
     Raises:
         ValueError: ``flex`` without CUDA + DeepEP.
@@ -81,7 +84,7 @@ def moe_transformer_kwargs(spec: Any, opts: Any) -> dict:
         moe_aux_loss_coeff=opts.moe_aux_loss_coeff,
         moe_z_loss_coeff=opts.moe_z_loss_coeff or None,
         moe_token_dispatcher_type=opts.moe_dispatcher,
-        moe_grouped_gemm=False,
+        moe_grouped_gemm=grouped_gemm,
         moe_shared_expert_intermediate_size=spec.moe_shared_expert_intermediate_size,
         moe_enable_routing_replay=opts.routing_replay,
         # Experts are never split over TP (Megatron's default expert-TP = TP): HF<->Megatron conversion

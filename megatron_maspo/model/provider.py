@@ -1,7 +1,7 @@
 """Turn an :class:`ArchSpec` into a Megatron-Core ``TransformerConfig`` and ``GPTModel`` chunks.
 
-The Transformer Engine layer spec is used when TE imports (GPU) or ``attention_backend="te"``; the
-local spec otherwise (CPU tests, GPUs without TE), whose core attention ``attention_backend`` picks:
+The Transformer Engine layer spec is used with ``attention_backend="te"`` (or ``use_te``); the local
+spec otherwise (any machine: what builds does not depend on whether TE imports), whose core attention ``attention_backend`` picks:
 ``"packed_sdpa"`` (per-sequence fused SDPA, linear memory; ``model/packed_attention.py``) or
 ``"dense_mask"`` (Megatron's ``DotProductAttention``, ``[S, S]`` scores; the reference path).
 Kernel fusions are on whenever CUDA is present and the kernel they need is installed
@@ -23,7 +23,7 @@ from megatron_maspo.parallel.device import on_cuda
 
 logger = logging.getLogger(__name__)
 
-ATTENTION_BACKENDS = ("packed_sdpa", "dense_mask", "te")
+ATTENTION_BACKENDS = ("packed_sdpa", "dense_mask", "varlen", "te")
 
 
 @dataclass(kw_only=True)
@@ -41,11 +41,14 @@ class ModelBuildOptions:
     recompute: str | None = None
     """None, ``"selective"`` (core attention) or ``"full"`` (uniform, 1 layer per block)."""
     make_vocab_size_divisible_by: int = 128
-    use_te: bool | None = None
-    """None = TE spec if Transformer Engine imports, else the local spec (``attention_backend="te"``
-    forces the TE spec)."""
+    use_te: bool | None = False
+    """Build the TE spec (``attention_backend="te"`` forces it). The default is the local spec on every
+    machine, as the trainer builds it with its default attention: a checkpoint's keys must not depend on
+    whether TE happens to import (conversion reads the spec recorded with a checkpoint,
+    ``model/spec_record.py``). None = TE spec if Transformer Engine imports (explicit opt-in only)."""
     attention_backend: str = "packed_sdpa"
-    """Core attention of the local spec: ``"packed_sdpa"`` or ``"dense_mask"``; ``"te"`` = TE spec."""
+    """Core attention of the local spec: ``"packed_sdpa"``, ``"dense_mask"`` or ``"varlen"`` (one varlen flash
+    call per layer, GPU only); ``"te"`` = TE spec (its thd attention)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (TE spec with TP > 1 only: the local spec's torch norms refuse it)."""
     calculate_per_token_loss: bool = True
@@ -76,6 +79,10 @@ def attention_options(backend: str, tp: int) -> dict:
         from megatron_maspo.model.te_spec import require_te
 
         require_te()
+    if backend == "varlen":
+        from megatron_maspo.model.varlen_attention import require_varlen
+
+        require_varlen()
     return {"attention_backend": backend, "use_te": backend == "te",
             "sequence_parallel": backend == "te" and tp > 1}
 
@@ -121,6 +128,21 @@ def detected_fusion_options() -> dict[str, bool]:
         has_grad_accum_kernel=importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None)
 
 
+def uses_te(opts: ModelBuildOptions) -> bool:
+    """Whether :func:`layer_spec` builds the Transformer Engine spec for ``opts``."""
+    from megatron_maspo.model.te_spec import te_available
+
+    if opts.attention_backend == "te":
+        return True
+    return te_available() if opts.use_te is None else bool(opts.use_te)
+
+
+def moe_grouped_gemm(opts: ModelBuildOptions) -> bool:
+    """Grouped-GEMM experts: on with the TE spec (``TEGroupedMLP``), off with the local spec
+    (``SequentialMLP``); one value for the layer spec and the ``TransformerConfig``."""
+    return uses_te(opts)
+
+
 def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
     """Megatron ``TransformerConfig`` for ``spec`` under ``opts`` (after ``validate_layout``)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -162,7 +184,7 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
     if spec.is_moe:
         from megatron_maspo.model.moe import moe_transformer_kwargs
 
-        kw.update(moe_transformer_kwargs(spec, opts))
+        kw.update(moe_transformer_kwargs(spec, opts, grouped_gemm=moe_grouped_gemm(opts)))
     if opts.recompute == "full":
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     elif opts.recompute == "selective":
@@ -175,26 +197,28 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
 def layer_spec(spec: ArchSpec, opts: ModelBuildOptions):
     """The transformer layer spec: TE when requested/available, else Megatron's local spec with the
     core attention ``opts.attention_backend`` names."""
-    from megatron_maspo.model.te_spec import te_available
-
     if opts.attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend={opts.attention_backend!r}; accepted: {ATTENTION_BACKENDS}")
-    use_te = te_available() if opts.use_te is None else opts.use_te
-    if use_te or opts.attention_backend == "te":
+    if uses_te(opts):
         from megatron_maspo.model.te_spec import te_layer_spec
 
-        return te_layer_spec(spec)
+        return te_layer_spec(spec, grouped_gemm=moe_grouped_gemm(opts))
     if opts.sequence_parallel:
         raise ValueError("sequence_parallel needs the Transformer Engine spec (attention_backend='te')")
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    lspec = get_gpt_layer_local_spec(num_experts=spec.num_moe_experts, moe_grouped_gemm=False,
+    lspec = get_gpt_layer_local_spec(num_experts=spec.num_moe_experts, moe_grouped_gemm=moe_grouped_gemm(opts),
                                      qk_layernorm=spec.qk_layernorm, normalization="RMSNorm")
     if opts.attention_backend == "packed_sdpa":
         from megatron_maspo.model.packed_attention import PackedSDPAttention
 
         attention: Any = lspec.submodules.self_attention  # type: ignore[attr-defined]
         attention.submodules.core_attention = PackedSDPAttention
+    elif opts.attention_backend == "varlen":  # one varlen flash call per layer (GPU; model/varlen_attention.py)
+        from megatron_maspo.model.varlen_attention import VarlenAttention
+
+        attention = lspec.submodules.self_attention  # type: ignore[attr-defined]
+        attention.submodules.core_attention = VarlenAttention
     return lspec
 
 

@@ -37,8 +37,10 @@ def require_te() -> None:
                            "CPU kernels); use attention_backend='packed_sdpa'")
 
 
-def te_layer_spec(spec: ArchSpec):
-    """Megatron's TE GPT layer spec for ``spec``.
+def te_layer_spec(spec: ArchSpec, *, grouped_gemm: bool):
+    """Megatron's TE GPT layer spec for ``spec``; ``grouped_gemm`` (``provider.moe_grouped_gemm``) is the
+    same value the ``TransformerConfig`` gets, so ``TEGroupedMLP`` (``linear_fc1.weight{j}``) and the
+    config agree (``model/te_names.py`` for the names).
 
     Raises:
         ImportError: Transformer Engine is missing, with the install hint.
@@ -51,5 +53,5 @@ def te_layer_spec(spec: ArchSpec):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
     return get_gpt_layer_with_transformer_engine_spec(
-        num_experts=spec.num_moe_experts, moe_grouped_gemm=bool(spec.num_moe_experts),
+        num_experts=spec.num_moe_experts, moe_grouped_gemm=grouped_gemm and bool(spec.num_moe_experts),
         qk_layernorm=spec.qk_layernorm)

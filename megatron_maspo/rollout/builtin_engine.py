@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from megatron_maspo.parallel.device import on_cuda
-from megatron_maspo.rollout.buckets import Bucket, unpack_bucket
+from megatron_maspo.rollout.buckets import Bucket, unpack_stream
 from megatron_maspo.rollout.fused_experts import fused_slot, pieces_per_fused
 from megatron_maspo.rollout.routing import RoutingRecorder
 from megatron_maspo.rollout.sampling import sample_tokens, scaled_logprobs
@@ -114,8 +114,9 @@ class BuiltinEngine:
         self._asleep = 0
 
     def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
-        """Verify each bucket's checksum, then :meth:`load_weights` from zero-copy views of its buffer."""
-        self.load_weights(item for b in buckets for item in unpack_bucket(b, verify=verify))
+        """Verify each bucket's checksum, then :meth:`load_weights` from zero-copy views of its buffer
+        (split tensors reassembled first)."""
+        self.load_weights(unpack_stream(buckets, verify=verify))
 
     def sleep(self, level: int = 1) -> None:
         """Colocation hook (the KV cache lives only inside ``generate``, so it is already gone).
@@ -237,6 +238,15 @@ class BuiltinEngine:
         else:
             g.manual_seed((seed * _SEED_STRIDE + prompt) * _SEED_STRIDE + sample)
         return g
+
+
+def engine_device(gpus: tuple[int, ...] | None = None, *, cuda: bool | None = None) -> torch.device:
+    """The device of a built-in engine placed on ``gpus`` (``FleetLayout.engine_gpus``, whose first entry is
+    the owner rank's GPU): ``cuda:gpus[0]``, or the current CUDA device when ``gpus`` is None; the CPU
+    without CUDA. ``cuda`` overrides the CUDA check (tests)."""
+    if not (on_cuda() if cuda is None else cuda):
+        return torch.device("cpu")
+    return torch.device("cuda", gpus[0] if gpus else torch.cuda.current_device())
 
 
 def default_engine_device() -> torch.device:

@@ -23,7 +23,7 @@ class RolloutConfig:
     max_new_tokens: int = 16
     """Maximum response length in tokens (paper: 8192)."""
     bucket_mb: float = 512.0
-    """Weight-sync bucket size in MiB; one flat buffer per bucket."""
+    """Weight-sync bucket size in MiB; one flat buffer per bucket (a larger tensor is split across buckets)."""
     verify_checksums: bool | None = None
     """Checksum (crc32) every bucket on the sender and verify it on the engine side. None = where it is
     cheap next to the transfer: the ``bytes`` transport and the built-in engine; off for the ``ipc``

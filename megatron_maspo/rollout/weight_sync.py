@@ -25,7 +25,7 @@ import torch.distributed as dist
 from megatron_maspo.conversion.megatron_to_hf import export_hf_weights
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.groups import ParallelGroups
-from megatron_maspo.rollout.buckets import Bucket, pack_buckets, unpack_bucket
+from megatron_maspo.rollout.buckets import Bucket, pack_buckets, unpack_stream
 from megatron_maspo.rollout.types import Engine
 
 logger = logging.getLogger(__name__)
@@ -90,7 +90,8 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
         spec: the architecture the chunks were built from.
         groups: this rank's parallel groups.
         engine: the rollout engine on a sender rank; ignored (may be None) on the others.
-        bucket_bytes: bucket capacity; must hold the largest single tensor (else ``ValueError`` naming it).
+        bucket_bytes: bucket capacity; a larger tensor is split across buckets and reassembled by the
+            engine (``buckets.Reassembler``).
         dtype: rollout dtype; tensors are cast on their owning stage before any broadcast.
         verify_checksums: compute crc32 per bucket here and verify it on the engine side; None = only where
             the bucket sits in host memory (:func:`checksums_default`).
@@ -100,8 +101,8 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
         Counts and wall time on the sender; zeros on the other ranks.
 
     Raises:
-        ValueError: from packing (tensor larger than a bucket, repeated name) or from the engine (corrupt
-            bucket, missing or unexpected names). A failure on the sender leaves the other ranks blocked in
+        ValueError: from packing (repeated name) or from the engine (corrupt bucket, missing or
+            unexpected names, an incomplete split tensor). A failure on the sender leaves the other ranks blocked in
             the export's collectives; callers abort the job (it is not recoverable mid-sync anyway).
     """
     stats = SyncStats()
@@ -129,7 +130,7 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
         if load_buckets is not None:
             load_buckets(buckets, verify=verify_checksums)
         else:
-            engine.load_weights(item for b in buckets for item in unpack_bucket(b, verify=verify_checksums))
+            engine.load_weights(unpack_stream(buckets, verify=verify_checksums))
     except Exception:
         # Finish our side of the export's collectives so the other ranks return instead of hanging,
         # then surface the error on the sender.
@@ -154,6 +155,6 @@ def checksums_default(*, shared: bool) -> bool:
 def _counted(buckets: Iterator[Bucket], stats: SyncStats) -> Iterator[Bucket]:
     for b in buckets:
         stats.num_buckets += 1
-        stats.num_tensors += len(b.metas)
+        stats.num_tensors += sum(m.completes for m in b.metas)  # a split tensor counts once
         stats.num_bytes += b.buffer.numel()
         yield b

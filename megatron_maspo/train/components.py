@@ -22,8 +22,8 @@ from megatron_maspo.model.hf_config import arch_spec_from_hf, hf_config_dict
 from megatron_maspo.model.moe import check_model_layout
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
 from megatron_maspo.reward.math_reward import MathReward
-from megatron_maspo.rollout.builtin_engine import BuiltinEngine
-from megatron_maspo.rollout.fleet import build_fleet
+from megatron_maspo.rollout.builtin_engine import BuiltinEngine, engine_device
+from megatron_maspo.rollout.fleet import build_fleet, owner_gpus
 from megatron_maspo.train.actor.inference import InferencePolicy
 from megatron_maspo.train.actor.megatron_actor import MegatronActor
 from megatron_maspo.train.rollouts.shard import EngineShard
@@ -76,19 +76,22 @@ def _load_hf(chunks, *, spec, groups, src):
     load_hf_weights(chunks, spec, groups, src)
 
 
-def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any):
-    """The rollout engine (on the sending rank only). Weights arrive through the first sync."""
+def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any, gpus: tuple[int, ...] | None = None):
+    """The rollout engine (on the sending rank only). Weights arrive through the first sync.
+
+    Args:
+        gpus: the engine's node-local GPUs from the fleet layout (``rollout.fleet.owner_gpus``); None =
+            the current device (built-in) / vLLM's default. Unused on CPU.
+    """
     hf_cfg = hf_config_dict(spec)
     if cfg.rollout.engine == "builtin":
-
-        dtype = cfg.model.torch_dtype
-        engine = BuiltinEngine.from_hf_config(hf_cfg, dtype=dtype)
+        engine = BuiltinEngine.from_hf_config(hf_cfg, dtype=cfg.model.torch_dtype, device=engine_device(gpus))
         engine.record_routing = cfg.model.routing_replay != "off"  # MoE routing replay
         return engine
     from megatron_maspo.rollout.vllm_engine import VllmEngine
 
     return VllmEngine.from_settings(cfg.rollout, spec, dtype_name=cfg.model.dtype_name,
-                                     seed=cfg.train.seed)
+                                     seed=cfg.train.seed, gpus=gpus)
 
 
 def build_actor(cfg: MaspoConfig, spec: ArchSpec, groups, *, init_weights=None, memory_phase=None):
@@ -110,7 +113,8 @@ def build_rollout_side(cfg: MaspoConfig, *, rank: int, world: int, spec: ArchSpe
     engine_id = fleet.engine_of(rank)
     shard = None
     if engine_id is not None:
-        shard = EngineShard(build_engine(cfg, spec, tokenizer), engine_id=engine_id, fleet=fleet,
+        engine = build_engine(cfg, spec, tokenizer, gpus=owner_gpus(fleet, rank))
+        shard = EngineShard(engine, engine_id=engine_id, fleet=fleet,
                             tokenizer=tokenizer, examples=examples, grader=MathReward(cfg.reward),
                             rollout=cfg.rollout, seed=cfg.train.seed,
                             overlong_buffer=cfg.train.overlong_buffer, version_offset=version_offset,

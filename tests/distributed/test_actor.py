@@ -92,6 +92,9 @@ def _two_rank_worker(rank: int, world: int, ckpt_dir: str) -> dict:
     save_checkpoint(actor, ckpt_dir, 1, data_state={"epoch": 0, "cursor": 3}, keep_last=1)
     path = save_checkpoint(actor, ckpt_dir, 2, data_state={"epoch": 1, "cursor": 7}, keep_last=1)
     res["ckpt_dirs"] = [c.name for c in list_checkpoints(ckpt_dir)]
+    from megatron_maspo.model.spec_record import read_spec_record
+
+    res["spec_record"] = read_spec_record(path)  # the spec that built it travels with it
     probe = H.make_samples(seed=3)
     res["lp_saved"] = actor.compute_logprobs(probe)[0]
     actor2 = H.build_actor(world, tp=1)
@@ -224,6 +227,7 @@ def test_nan_gradient_on_one_rank_skips_step_everywhere(two_rank):
 
 def test_checkpoint_tp2_loads_at_tp1(two_rank):
     assert two_rank["ckpt_dirs"] == ["step_2"]
+    assert two_rank["spec_record"]["layer_spec"] == "local" and "megatron_core" in two_rank["spec_record"]
     assert two_rank["data_state"] == {"epoch": 1, "cursor": 7}
     assert two_rank["steps_loaded"] == 4
     for x, y in zip(two_rank["lp_saved"], two_rank["lp_loaded"]):

@@ -30,6 +30,7 @@ from megatron_maspo.model.checkpoint import (
     load_model_state,
     model_sharded_state_dict,
 )
+from megatron_maspo.model.spec_record import spec_mismatch, write_spec_record
 from megatron_maspo.parallel.device import on_cuda
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,8 @@ def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict
         state.update(scheduler=actor.scheduler.state_dict(), data_state=dict(data_state or {}),
                      steps_done=actor.steps_done, world_size=dist.get_world_size())
         dist_checkpointing.save(state, str(tmp))
+        if dist.get_rank() == 0 and hasattr(actor, "opts"):  # the spec that built it (model/spec_record.py)
+            write_spec_record(tmp, actor.opts)
         (tmp / "rng").mkdir(exist_ok=True)
         torch.save(_rng_state(), tmp / "rng" / f"rank{dist.get_rank()}.pt")
     logger.info("saved checkpoint %s", final)
@@ -111,14 +114,22 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
+    mismatch = spec_mismatch(path, actor.opts) if hasattr(actor, "opts") else None
+    if mismatch:  # Megatron maps most keys across specs; say so now, and name both if the load fails
+        logger.warning("%s", mismatch)
     if load_optimizer:
         for opt in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer]):
             init = getattr(opt, "_init_optimizer_states_with_dummy_values", None)
             if init is not None:  # torch Adam creates state lazily: give the loader targets
                 init()
     state = _sharded_state(actor, is_loading=True, with_optimizer=load_optimizer)
-    loaded = dist_checkpointing.load(state, str(path))
-    load_model_state(actor.named_modules_unwrapped(), loaded)
+    try:
+        loaded = dist_checkpointing.load(state, str(path))
+        load_model_state(actor.named_modules_unwrapped(), loaded)
+    except Exception as e:
+        if mismatch:
+            raise ValueError(f"{mismatch} (load failed: {e})") from e
+        raise
     if load_optimizer:
         # Megatron's param groups carry their own max_lr / min_lr, which the scheduler reads before its
         # own; the optimizer state would bring back the checkpoint's. Keep this run's (the config's).

@@ -40,6 +40,9 @@ def test_bf16_checkpoint_converts_in_bf16_and_back_bit_exact(tmp_path):
     # Megatron and the HF reference both run in bf16: a mapping error would give O(1)
     assert res[0]["max_rel_error"] < 3e-2, res
     assert megatron_checkpoint_dtype(tmp_path / "mcore") == torch.bfloat16
+    # the spec that built it travels with it (and is what megatron-to-hf rebuilds)
+    rec = json.loads((tmp_path / "mcore" / "maspo_layer_spec.json").read_text())
+    assert rec["layer_spec"] == "local" and rec["moe_grouped_gemm"] is False
     convert_megatron_to_hf(tmp_path / "mcore", tmp_path / "back")
     assert json.loads((tmp_path / "back" / "config.json").read_text())["torch_dtype"] == "bfloat16"
     src, back = load_file(str(hf / "model.safetensors")), load_file(str(tmp_path / "back" / "model.safetensors"))

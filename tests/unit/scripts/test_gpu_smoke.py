@@ -156,3 +156,8 @@ def test_cpu_rehearsal_of_the_whole_script(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for part in PARTS:
         assert any(line.startswith(part) and " PASS " in line for line in out.stdout.splitlines()), part
+
+
+def test_varlen_part_skips_on_cpu():
+    out = _py("varlen", "--cpu")
+    assert out.returncode == 0 and "SMOKE varlen: skipped with --cpu" in out.stdout

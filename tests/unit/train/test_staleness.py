@@ -141,8 +141,8 @@ def test_staleness_accepts_any_rollout_correction_mode():
     assert cfg.loss.corrects_rollout and cfg.loss.tis_cap is None
     stale = [type("S", (), {"policy_version": 0})()]
     with pytest.raises(RuntimeError, match="rollout_correction"):
-        _version_check(stale, 1, MaspoConfig())
-    _version_check(stale, 1, cfg)  # a correction is configured: accepted
+        _version_check(stale, 1, MaspoConfig().loss.corrects_rollout)
+    _version_check(stale, 1, cfg.loss.corrects_rollout)  # a correction is configured: accepted
 
 
 def test_tis_cap_alias_can_be_overridden_again():

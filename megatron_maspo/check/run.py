@@ -1,0 +1,165 @@
+"""``maspo check``: a recipe's first cluster run, down to every shape, on this machine in seconds.
+
+For a config on ``nodes x gpus_per_node`` GPUs it builds the real Megatron-Core model of every distinct
+model-parallel rank on the meta device (``check/world.py``: fake process groups, no memory, options the
+trainer builds, ``use_cpu_initialization=False``) and runs every step that needs shapes but not numbers
+(``check/steps.py``), in this order, stopping at the first mismatch:
+
+    layout        the distinct (tp, pp, ep, cp) coordinates of the world
+    tables        conversion tables vs each rank's parameter names and shapes, both ways, under the local
+                  spec's names and the TE spec's recorded names (``model/te_names.py``)
+    checkpoint    the sharded-state-dict keys of all ranks tile every tensor once
+    weight sync   one pipeline stage owns each layer, the embedding and the head (the export's per-stage
+                  manifest); the export manifest laid into ``rollout.bucket_mb`` buckets as the sync packs it
+    placement     each engine's node and GPUs (``FleetLayout.placement``); no GPU shared
+    memory plan   the planner's parameters per GPU and offload bytes vs the built ranks'; the plan fits
+
+The Transformer Engine spec cannot be built here: for ``model.attention_backend='te'`` the ranks are built
+with the local spec and their names renamed to the TE spec's (grouped-GEMM experts included), which is
+what the trainer's TE build names them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from megatron_maspo.check.steps import (
+    CheckError,
+    check_bucket_plan,
+    check_checkpoint_cover,
+    check_memory,
+    check_names,
+    check_placement,
+    check_stage_manifest,
+    export_manifest,
+    rank_counts,
+    sharded_shards,
+    stage_manifest,
+)
+from megatron_maspo.check.world import build_meta_chunks, coordinates, fake_rank
+
+GPUS_PER_NODE = 8
+"""The recipes' documented node size (``recipes/base.py``)."""
+
+
+@dataclass
+class CheckResult:
+    """What a check found: ``error`` is None when every step passed; ``lines`` is the printed report."""
+
+    lines: list[str] = field(default_factory=list)
+    error: CheckError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def documented_layout(cfg) -> tuple[int, int]:
+    """``(nodes, gpus_per_node)`` a recipe documents: its ``parallel.world_size`` on 8-GPU nodes (one
+    smaller node for a world below 8)."""
+    world = cfg.parallel.world_size
+    g = min(GPUS_PER_NODE, world)
+    return max(1, world // g), g
+
+
+def _build_options(cfg):
+    """The trainer's ``ModelBuildOptions`` for ``cfg`` (``train/actor/inference.actor_build_options``), on the meta
+    device; with the TE backend the local spec stands in (names renamed later). Returns (opts, te, grouped)."""
+    from megatron_maspo.model.provider import moe_grouped_gemm
+    from megatron_maspo.train.actor.inference import actor_build_options
+
+    te = cfg.model.attention_backend == "te"
+    built = cfg if not te else dataclasses.replace(cfg, model=dataclasses.replace(cfg.model,
+                                                                                 attention_backend="packed_sdpa"))
+    opts = dataclasses.replace(actor_build_options(built.model, built.parallel), use_cpu_initialization=False)
+    grouped = moe_grouped_gemm(dataclasses.replace(opts, use_te=True))
+    return opts, te, grouped
+
+
+def check_config(cfg, *, nodes: int, gpus_per_node: int, gpu_mem_gb: float = 80.0,
+                 echo: Callable[[str], None] | None = None) -> CheckResult:
+    """Run every step for ``cfg`` on ``nodes x gpus_per_node`` GPUs; see the module docstring."""
+    res = CheckResult()
+
+    def say(line: str) -> None:
+        res.lines.append(line)
+        if echo is not None:
+            echo(line)
+
+    try:
+        _run(cfg, nodes, gpus_per_node, gpu_mem_gb, say)
+    except CheckError as e:
+        res.error = e
+        say(f"FAIL {e}")
+    return res
+
+
+def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, say: Callable[[str], None]) -> None:
+    from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of, local_params
+    from megatron_maspo.rollout.fleet import build_fleet
+    from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb
+
+    world = nodes * gpus_per_node
+    p = cfg.parallel
+    try:  # the config validates the layout against the world (as the launcher sets world_size)
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(p, world_size=world))
+        coords = coordinates(world, tp=p.tp, pp=p.pp, ep=p.ep, cp=p.cp)
+    except ValueError as e:
+        raise CheckError("layout", f"{nodes} x {gpus_per_node} GPUs: {e}") from None
+    spec = arch_of(cfg)
+    t0 = time.perf_counter()
+    opts, te, grouped = _build_options(cfg)
+    say(f"model: {cfg.model.arch or cfg.model.source} ({spec.num_parameters() / 1e9:.2f} B parameters), "
+        f"{'TE (recorded names)' if te else 'local'} spec, on {nodes} x {gpus_per_node} GPUs: tp={p.tp} "
+        f"pp={p.pp} ep={p.ep} cp={p.cp}, {len(coords)} distinct model-parallel ranks")
+    vocab_rows = spec.padded_vocab_size(p.tp, cfg.model.make_vocab_size_divisible_by)
+    n_local = n_te = 0
+    counts, shards, stages = [], [], {}
+    for c in coords:
+        where = f"rank {c.rank} (tp {c.tp}, pp {c.pp}, ep {c.ep}, cp {c.cp})"
+        kw = dict(tp=p.tp, ep=p.ep, ep_rank=c.ep, vocab_rows=vocab_rows, where=where)
+        with fake_rank(world, c, tp=p.tp, pp=p.pp, ep=p.ep, cp=p.cp, vpp=p.vpp):
+            chunks = build_meta_chunks(spec, opts, c.pp)
+            if not te:
+                n_local += check_names(chunks, spec, **kw)
+            n_te += check_names(chunks, spec, te=True, grouped=grouped, **kw)
+            counts.append(rank_counts(chunks))
+            stages[c.pp] = stage_manifest(chunks)  # identical for every rank of one stage
+            shards += list(sharded_shards(chunks))  # needs the rank's parallel state (its DP group)
+        del chunks
+        gc.collect()
+    grouped_note = f" (TE experts: grouped GEMM {'on' if grouped else 'off'})" if spec.is_moe else ""
+    names = (f"{n_te} TE-spec names" if te else f"{n_local} local-spec names, {n_te} TE-spec names") + grouped_note
+    say(f"ok   tables: {names} resolve both ways with the shapes the HF tensors imply "
+        f"({time.perf_counter() - t0:.1f} s to build {len(coords)} ranks on the meta device)")
+    keys = check_checkpoint_cover(shards)
+    say(f"ok   checkpoint: {keys} sharded-state-dict keys, every one tiled exactly once by the ranks' shards")
+    check_stage_manifest(stages, spec.num_layers)
+    dtype = "bfloat16" if cfg.model.bf16 else "float32"
+    manifest = export_manifest(spec, dtype)
+    cap = bucket_bytes_from_mb(cfg.rollout.bucket_mb)
+    n_buckets, largest = check_bucket_plan(manifest, cap)
+    big = max(manifest, key=lambda m: m[2][0] * (m[2][1] if len(m[2]) > 1 else 1))
+    say(f"ok   weight sync: {len(stages)} stage(s) own every layer once; {len(manifest)} tensors ({dtype}) in {n_buckets} buckets of {cfg.rollout.bucket_mb:g} MiB; "
+        f"largest {big[0]} {big[2]} = {largest / 2**20:,.0f} MiB"
+        + (f", split over {-(-largest // cap)} buckets" if largest > cap else ""))
+    fleet = build_fleet(cfg.parallel, cfg.rollout, world)
+    placed = check_placement(fleet, nodes, gpus_per_node)
+    per_node = {}
+    for e in placed:
+        per_node.setdefault(e.node, []).append(e.gpus)
+    say(f"ok   engine placement: {len(placed)} {cfg.rollout.engine} engines (rollout TP {fleet.rollout_tp}), node 0: "
+        + " ".join("[" + ",".join(map(str, g)) + "]" for g in per_node.get(0, [])) + "; no GPU shared")
+    lay = layout_of(cfg)
+    plan = estimate(cfg, spec, lay, nodes=nodes, gpus_per_node=gpus_per_node, hw=Assumptions(gpu_mem_gb=gpu_mem_gb))
+    planned = local_params(spec, lay, cfg.model.make_vocab_size_divisible_by)
+    off = check_memory(plan, counts, planned, cfg)
+    worst = max(counts, key=lambda k: k.dense + k.expert)
+    say(f"ok   memory plan: largest rank {worst.dense + worst.expert:,} parameters = the planner's; peak "
+        f"{plan.memory.peak:.1f} of {gpu_mem_gb:g} GiB; offloaded per GPU "
+        + (", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in off.items() if v) or "nothing"))
+

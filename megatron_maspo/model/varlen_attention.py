@@ -1,0 +1,79 @@
+"""``model.attention_backend='varlen'``: one variable-length flash kernel call per layer (GPU only).
+
+:class:`~.packed_attention.PackedSDPAttention` (the default, ``packed_sdpa``) runs one SDPA call per
+sequence per layer and reads the bounds on the host. :class:`VarlenAttention` hands the whole packed row
+to PyTorch's ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention's varlen kernel) with the device
+``cu_seqlens`` Megatron already carries, so a layer costs one kernel launch and no host synchronisation:
+
+    q [t, n_h/tp, d], k/v [t, n_g/tp, d], cu_seqlens [n+1] int32 (device), max_seqlen
+      -> varlen_attn(q, k, v, cu, cu, max, max, window_size=(-1, 0) causal, enable_gqa=n_h != n_g)
+      -> [t, n_h/tp * d]
+
+Same module interface and parameters as ``packed_sdpa`` (core attention has none), so checkpoints,
+conversion tables and weight sync are unchanged. Unpacked ``sbhd`` input falls back to the SDPA path.
+
+**Written, not run**: the kernel has no CPU implementation in torch 2.13 and no GPU was available when it
+was written; ``attention_options('varlen', ...)`` refuses it without CUDA, and
+``tests/gpu/test_packed_attention_gpu.py::test_varlen_matches_packed_sdpa_on_gpu`` (in the GPU smoke
+script) compares it with ``packed_sdpa``. ``packed_sdpa`` stays the default until a device has run it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from megatron.core.transformer.enums import AttnMaskType
+
+from megatron_maspo.model.packed_attention import PackedSDPAttention
+from megatron_maspo.parallel.device import on_cuda
+
+
+def require_varlen() -> None:
+    """Raise ``RuntimeError`` unless the varlen kernel can run here (CUDA and torch's varlen module)."""
+    if not on_cuda():
+        raise RuntimeError("model.attention_backend='varlen' needs a CUDA device (FlashAttention's varlen "
+                           "kernel has no CPU implementation); use attention_backend='packed_sdpa'")
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError("model.attention_backend='varlen' needs torch.nn.attention.varlen (torch >= 2.9)") from e
+
+
+def varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, *,
+                scale: float, causal: bool) -> tuple[tuple, dict[str, Any]]:
+    """The ``varlen_attn`` arguments for one packed row: (args, kwargs). A pure function, so the
+    translation from Megatron's packed layout is testable without the kernel."""
+    if cu.dtype != torch.int32:
+        cu = cu.to(torch.int32)
+    kwargs = dict(scale=scale, window_size=(-1, 0) if causal else (-1, -1), enable_gqa=q.shape[1] != k.shape[1])
+    return (q, k, v, cu, cu, int(max_len), int(max_len)), kwargs
+
+
+class VarlenAttention(PackedSDPAttention):
+    """:class:`PackedSDPAttention` whose packed path is one ``varlen_attn`` call (module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.dropout_p:
+            raise ValueError(f"model.attention_backend='varlen' has no attention dropout (got "
+                             f"{self.dropout_p}); use attention_backend='packed_sdpa'")
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        if packed_seq_params is None or attention_bias is not None:
+            return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias,
+                                   packed_seq_params)
+        from torch.nn.attention.varlen import varlen_attn
+
+        thd = packed_seq_params.qkv_format == "thd"
+        q, k, v = (x if thd else x[:, 0] for x in (query, key, value))  # sbhd packed rows have batch 1
+        cu = packed_seq_params.cu_seqlens_q
+        max_len = packed_seq_params.max_seqlen_q
+        if max_len is None:  # only the host bounds give it without a device sync
+            bounds = getattr(packed_seq_params, "cu_seqlens_host", None) or cu.tolist()
+            max_len = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+        args, kw = varlen_call(q, k, v, cu, max_len, scale=self.softmax_scale,
+                               causal=self.attn_mask_type != AttnMaskType.no_mask)
+        out = varlen_attn(*args, **kw)  # [t, n_h/tp, d]
+        return out.reshape(out.shape[0], -1) if thd else out.reshape(out.shape[0], 1, -1)

@@ -1,0 +1,47 @@
+"""``attention_backend='varlen'`` (GPU only, written, not run): selected by the setting, refused clearly on
+CPU, same parameters as ``packed_sdpa``, and its call arguments express the same attention: the varlen
+semantics (causal window, GQA, int32 cu_seqlens) evaluated sequence by sequence equal PackedSDPAttention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from megatron_maspo.model.provider import ModelBuildOptions, attention_options, layer_spec
+from megatron_maspo.model.varlen_attention import VarlenAttention, varlen_call
+from tests.unit.model.test_te_names import DENSE
+
+
+def test_setting_selects_the_varlen_core_attention_and_cpu_refuses_it():
+    lspec = layer_spec(DENSE, ModelBuildOptions(attention_backend="varlen"))
+    assert lspec.submodules.self_attention.submodules.core_attention is VarlenAttention
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="varlen' needs a CUDA device"):
+            attention_options("varlen", 1)
+
+
+def _varlen_semantics(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, window_size, enable_gqa):
+    """What FlashAttention's varlen call computes, sequence by sequence (the documented contract)."""
+    assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and max_q == max_k
+    b = cu_q.tolist()
+    assert max(e - s for s, e in zip(b[:-1], b[1:])) == max_q
+    causal = window_size == (-1, 0)
+    outs = [F.scaled_dot_product_attention(*(x[s:e].transpose(0, 1)[None] for x in (q, k, v)), is_causal=causal,
+                                           scale=scale, enable_gqa=enable_gqa)[0].transpose(0, 1)
+            for s, e in zip(b[:-1], b[1:])]
+    return torch.cat(outs)
+
+
+def test_call_arguments_mean_the_packed_causal_gqa_attention():
+    g = torch.Generator().manual_seed(0)
+    bounds = [0, 5, 6, 17]
+    q, k, v = (torch.randn(17, h, 8, generator=g) for h in (4, 2, 2))
+    args, kw = varlen_call(q, k, v, torch.tensor(bounds, dtype=torch.int64), 11, scale=0.3, causal=True)
+    assert kw == {"scale": 0.3, "window_size": (-1, 0), "enable_gqa": True}
+    got = _varlen_semantics(*args, **kw)
+    want = torch.cat([F.scaled_dot_product_attention(
+        q[s:e].transpose(0, 1), k[s:e].repeat_interleave(2, 1).transpose(0, 1),
+        v[s:e].repeat_interleave(2, 1).transpose(0, 1), is_causal=True, scale=0.3).transpose(0, 1)
+        for s, e in zip(bounds[:-1], bounds[1:])])
+    torch.testing.assert_close(got, want)
