@@ -25,5 +25,12 @@ class MissingPathError(FileNotFoundError):
     """A path the user gave (``--resume DIR``, ``data.source``, ``--config``) does not exist."""
 
 
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, InputError, MissingPathError)
+class GraderError(RuntimeError):
+    """The reward's grader failed on too much of one batch (wrong return type, hangs, raises).
+
+    The message names the grader, the counts and the setting that allows more.
+    """
+
+
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, InputError, MissingPathError, GraderError)
 """What ``maspo`` turns into a one-line message with exit status 2."""
