@@ -74,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
     from megatron_maspo.train.checkpoint import list_checkpoints
     from megatron_maspo.train.loop import CHECKPOINT_SUBDIR
 
+    from megatron_maspo.plugins import announce_plugins
+
     cfg = resolve_config(None, args.run_dir, args.overrides)
+    announce_plugins(cfg, f"config {args.run_dir}")  # the run's config.yaml: say what it will import
     greedy = args.temperature == 0
     args.k = args.k if args.k is not None else (1 if greedy else 32)
     if args.k < 1:

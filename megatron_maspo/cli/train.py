@@ -43,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, run_dir=args.resume))
     # Fail on bad input before any heavy work: data files must exist, user hooks must import, the run
     # directory must fit --resume.
-    from megatron_maspo.plugins import is_target, resolve
+    from megatron_maspo.plugins import announce_plugins, is_target, resolve
 
+    if args.config:  # a saved config (a run directory perhaps from elsewhere): say what it will import
+        announce_plugins(cfg, f"config {args.config}")
     src = cfg.data.source
     if is_target(src) and not Path(src).exists() and not src.startswith("reasoning_gym:"):
         resolve(src, "data.source")  # user hooks: import errors name the field, before any heavy work

@@ -6,8 +6,9 @@ directory named ``step_*`` is always complete):
 * Megatron ``torch_dist`` shards of ``{"model": ..., "optimizer": ...}`` (resharded on load: a
   checkpoint written at one TP/PP loads at another), plus the common (rank-0) items ``scheduler``,
   ``data_state`` (the trainer's opaque dict) and ``steps_done``;
-* ``rng/rank<r>.pt``: CPU/CUDA and Megatron tracker RNG states, restored only when the world size
-  is unchanged (otherwise there is no meaningful mapping; logged).
+* ``rng/rank<r>.safetensors``: CPU/CUDA and Megatron tracker RNG states, restored only when the world
+  size is unchanged (otherwise there is no meaningful mapping; logged). Older checkpoints' ``rank<r>.pt``
+  is read with ``weights_only=True``; every pickle is screened before loading (``model/safe_load.py``).
 
 ``keep_last`` older complete checkpoints are removed by rank 0 after the new one is in place.
 Distributed-optimizer state uses ``fully_reshardable`` sharding (cpu-notes.md §3).
@@ -30,6 +31,7 @@ from megatron_maspo.model.checkpoint import (
     model_sharded_state_dict,
 )
 from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
+from megatron_maspo.model.safe_load import load_rng, save_rng, screen_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict
                      steps_done=actor.steps_done, world_size=dist.get_world_size())
         dist_checkpointing.save(state, str(tmp))
         (tmp / "rng").mkdir(exist_ok=True)
-        torch.save(_rng_state(), tmp / "rng" / f"rank{dist.get_rank()}.pt")
+        save_rng(_rng_state(), tmp / "rng" / f"rank{dist.get_rank()}.safetensors")
     logger.info("saved checkpoint %s", final)
     return final
 
@@ -119,6 +121,7 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
+    screen_checkpoint(path)  # no pickle from a checkpoint runs code (a one-line refusal naming the file)
     if load_optimizer:
         for opt in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer]):
             init = getattr(opt, "_init_optimizer_states_with_dummy_values", None)
@@ -140,9 +143,9 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
                 g["max_lr"], g["min_lr"] = max_lr, min_lr
         _load_scheduler(actor.scheduler, loaded["scheduler"])
     actor.steps_done = int(loaded["steps_done"])
-    rng = path / "rng" / f"rank{dist.get_rank()}.pt"
-    if int(loaded["world_size"]) == dist.get_world_size() and rng.exists():
-        _set_rng_state(torch.load(rng, weights_only=False))
+    rng = load_rng(path / "rng", dist.get_rank())
+    if int(loaded["world_size"]) == dist.get_world_size() and rng is not None:
+        _set_rng_state(rng)
     else:
         logger.info("checkpoint world size %s != %s: RNG state not restored", loaded["world_size"],
                     dist.get_world_size())
