@@ -32,5 +32,13 @@ class GraderError(RuntimeError):
     """
 
 
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, InputError, MissingPathError, GraderError)
+class StorageError(OSError):
+    """The run directory cannot hold what the run writes: not writable, or its disk is (nearly) full.
+
+    The message names the path and the bytes needed or free.
+    """
+
+
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, InputError, MissingPathError, GraderError,
+                                                StorageError)
 """What ``maspo`` turns into a one-line message with exit status 2."""

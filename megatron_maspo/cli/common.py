@@ -17,6 +17,18 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
 
 
+def launcher_overrides(overrides: list[str], env: dict[str, str]) -> list[str]:
+    """``overrides`` with ``parallel.world_size`` from the launcher's ``WORLD_SIZE`` first (torchrun sets it).
+
+    Under ``torchrun --nproc-per-node 2 ... --set parallel.tp=2`` the world is 2 whatever the recipe says;
+    an explicit ``--set parallel.world_size=...`` still wins (and is checked against the real world later).
+    """
+    ws = env.get("WORLD_SIZE")
+    if not ws or any(o.split("=", 1)[0].strip() == "parallel.world_size" for o in overrides):
+        return list(overrides)
+    return [f"parallel.world_size={ws}", *overrides]
+
+
 def config_from_args(args: argparse.Namespace):
     """Resolve the config of ``args``; print it and exit when --print-config was given."""
     from megatron_maspo.config import dump_yaml, resolve_config

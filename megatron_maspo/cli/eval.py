@@ -91,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
         from megatron_maspo.eval.benchmarks import find_benchmarks
 
         find_benchmarks(args.benchmarks)  # fail before building the model
-    ckpts = list_checkpoints(Path(args.run_dir) / CHECKPOINT_SUBDIR)
+    from megatron_maspo.model.ckpt_manifest import usable
+
+    root = Path(args.run_dir) / CHECKPOINT_SUBDIR
+    ckpts = usable(list_checkpoints(root), root)  # a damaged newest checkpoint is named and skipped
     ckpt = args.checkpoint or (ckpts[-1] if ckpts else None)
     if ckpt is None or not Path(ckpt).is_dir():  # before building anything
         raise MissingPathError(f"no checkpoint {ckpt or 'under ' + str(Path(args.run_dir) / CHECKPOINT_SUBDIR)}")

@@ -31,6 +31,7 @@ from megatron_maspo.model.checkpoint import (
     model_sharded_state_dict,
 )
 from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
+from megatron_maspo.model.ckpt_manifest import disk_full, full_disk_error, write_manifest
 from megatron_maspo.model.safe_load import load_rng, save_rng, screen_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -87,14 +88,23 @@ def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict
         for old in list_checkpoints(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
 
-    with collective_atomic_dir(final, overwrite=True, tmp_name=f".tmp_step_{step}",
-                               on_commit=prune) as tmp:
-        state = _sharded_state(actor, is_loading=False, with_optimizer=True)
-        state.update(scheduler=actor.scheduler.state_dict(), data_state=dict(data_state or {}),
-                     steps_done=actor.steps_done, world_size=dist.get_world_size())
-        dist_checkpointing.save(state, str(tmp))
-        (tmp / "rng").mkdir(exist_ok=True)
-        save_rng(_rng_state(), tmp / "rng" / f"rank{dist.get_rank()}.safetensors")
+    previous = (list_checkpoints(root) or [None])[-1]
+    try:
+        with collective_atomic_dir(final, overwrite=True, tmp_name=f".tmp_step_{step}",
+                                   on_commit=prune) as tmp:
+            state = _sharded_state(actor, is_loading=False, with_optimizer=True)
+            state.update(scheduler=actor.scheduler.state_dict(), data_state=dict(data_state or {}),
+                         steps_done=actor.steps_done, world_size=dist.get_world_size())
+            dist_checkpointing.save(state, str(tmp))
+            (tmp / "rng").mkdir(exist_ok=True)
+            save_rng(_rng_state(), tmp / "rng" / f"rank{dist.get_rank()}.safetensors")
+            dist.barrier()  # every rank's files are in place before rank 0 lists them
+            if dist.get_rank() == 0:
+                write_manifest(tmp)  # sizes and checksums, verified before a resume
+    except BaseException as e:  # torch's CheckpointException is a BaseException
+        if not isinstance(e, KeyboardInterrupt | SystemExit) and disk_full(e):  # the temp folder is gone, the previous checkpoint untouched: say so in one line
+            raise full_disk_error(final, previous) from None
+        raise
     logger.info("saved checkpoint %s", final)
     return final
 

@@ -81,12 +81,16 @@ def check_run_dir(run_dir: str | Path, *, resume: bool) -> list[Path]:
 
     Raises:
         ConfigError: a fresh run (no ``resume``) whose run directory already holds checkpoints.
-        MissingPathError: ``resume`` and no complete checkpoint under the run directory.
+        MissingPathError: ``resume`` and no complete checkpoint under the run directory (or every one
+            is damaged: ``model/ckpt_manifest.py``; a damaged newest one is named and skipped).
     """
     from megatron_maspo.errors import ConfigError, MissingPathError
+    from megatron_maspo.model.ckpt_manifest import usable
     from megatron_maspo.train.checkpoint import list_checkpoints
 
     ckpts = list_checkpoints(Path(run_dir) / CHECKPOINT_SUBDIR)
+    if resume:
+        ckpts = usable(ckpts, Path(run_dir) / CHECKPOINT_SUBDIR)
     if resume and not ckpts:
         raise MissingPathError(f"--resume: no complete checkpoint under {run_dir}/{CHECKPOINT_SUBDIR}")
     if not resume and ckpts:
