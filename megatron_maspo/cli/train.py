@@ -83,7 +83,14 @@ def run(args: argparse.Namespace) -> int:
     # Writable, with room for the next checkpoint (the last one's size; a fresh run: 64 MiB of headroom).
     check_storage(cfg.checkpoint.run_dir, folder_bytes(ckpts[-1]) if ckpts else 64 * 2**20)
 
+    import time
+
+    t0 = time.monotonic()
     run_dir = train(cfg, resume=resume)
     requeue_if_unfinished(cfg)  # a Slurm job stopped by its time-limit signal goes back in the queue
     print(f"run directory: {run_dir}")
+    if int(os.environ.get("RANK", "0")) == 0:
+        from megatron_maspo.cli.summary import run_summary
+
+        print("\n".join(run_summary(run_dir, time.monotonic() - t0)))
     return 0

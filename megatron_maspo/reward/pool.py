@@ -77,6 +77,9 @@ def _worker_main(
     warmup_timeout_s: float = 5.0,
 ) -> None:
     """Worker loop: cap memory, warm up, say ready, then grade ``(idx, args)`` until ``None``."""
+    from megatron_maspo.parallel.orphans import die_with_parent
+
+    die_with_parent()  # the trainer (or the fork server, which ends with it) SIGKILLed: end too
     if address_space_mb:
         # One item allocating gigabytes (a huge power, a giant matrix) gets a MemoryError here, scored
         # ERROR, instead of pushing the node into swap or the OOM killer. Virtual size, hence generous.
@@ -86,7 +89,10 @@ def _worker_main(
         _warm_up(grade_fn, warmup, warmup_timeout_s, name)
     conn.send(("ready", _rss_mb()))
     while True:
-        msg = conn.recv()
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the trainer is gone: nothing to report, no traceback
+            return
         if msg is None:
             return
         idx, args = msg

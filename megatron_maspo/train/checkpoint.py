@@ -81,6 +81,9 @@ def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict
     """Collectively save the actor's training state as ``<root>/step_<step>``; returns the path."""
     from megatron.core import dist_checkpointing
 
+    from megatron_maspo.parallel.orphans import prepare_child_processes
+
+    prepare_child_processes()  # Megatron's writer processes and their Manager die with this process
     root = Path(root)
     final = root / f"step_{step}"
 
