@@ -9,7 +9,8 @@ import sys
 def add_config_args(p: argparse.ArgumentParser) -> None:
     """Add the config-selection arguments to a subcommand parser."""
     p.add_argument("--recipe", default=None,
-                   help="packaged recipe name (default: tiny; see megatron_maspo/recipes/), path/to/recipe.py[:fn] or module[:fn]")
+                   help="packaged recipe name (default: tiny; `maspo recipes` lists them), path/to/recipe.py[:fn] "
+                        "or module[:fn]")
     p.add_argument("--config", default=None,
                    help="a saved config.yaml (or a run directory holding one) instead of a recipe")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
