@@ -39,6 +39,10 @@ class StorageError(OSError):
     """
 
 
+class MissingExtraError(ImportError):
+    """An optional dependency a command needs is not installed; the message names the pip extra."""
+
+
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, InputError, MissingPathError, GraderError,
-                                                StorageError)
+                                                StorageError, MissingExtraError)
 """What ``maspo`` turns into a one-line message with exit status 2."""

@@ -15,7 +15,7 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
                    help="a saved config.yaml (or a run directory holding one) instead of a recipe")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config field, e.g. --set loss.maspo.alpha=0.5 (repeatable)")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit (what each field means: docs/config.md)")
 
 
 def launcher_overrides(overrides: list[str], env: dict[str, str]) -> list[str]:
