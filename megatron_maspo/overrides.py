@@ -105,17 +105,24 @@ def apply_overrides(cfg: Any, assignments: list[str]) -> Any:
             raise ConfigError(f"override {a!r} must look like section.field=value")
         key, value = a.split("=", 1)
         _set_in(type(cfg), data, key.strip().split("."), value, key.strip())
-    try:
-        return from_dict(type(cfg), data)
-    except ConfigError:
-        raise
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"{', '.join(assignments)} rejected: {e}") from None
+    return _rebuild(type(cfg), data, ", ".join(assignments))
 
 
 def set_path(cfg: Any, key: str, value: Any) -> Any:
     """Return a copy of ``cfg`` with the dotted ``key`` set to ``value`` (coerced and validated)."""
-    return apply_overrides(cfg, [f"{key}={value}"])
+    data = to_dict(cfg)
+    _set_in(type(cfg), data, key.split("."), value, key)
+    return _rebuild(type(cfg), data, f"{key}={value!r}")
+
+
+def _rebuild(cls: type, data: dict, what: str) -> Any:
+    """``cls`` from ``data``, every section validated once; a rejection names ``what`` was set."""
+    try:
+        return from_dict(cls, data)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{what} rejected: {e}") from None
 
 
 def _set_in(cls: type, data: dict, parts: list[str], value: Any, full_key: str) -> None:

@@ -80,7 +80,7 @@ def tokenize_examples(
         # Special tokens come from the template text itself; no BOS/EOS added on top.
         ids = tokenizer.encode(render_prompt(ex, tokenizer, cfg), add_special_tokens=False)
         if len(ids) > cfg.max_prompt_tokens:
-            skips.skip("too_long", f"{ex.source}[{i}]")
+            skips.skip("too_long", ex.origin or f"{ex.source}[{i}]")  # where the loader found the row
             continue
         ex.prompt_ids = ids
         out.append(ex)
