@@ -11,7 +11,9 @@ A function is named as ``module:function``; it receives the ``DataConfig`` (``nu
 and counted, as in a file:
 
     cd examples
-    maspo train --set data.source=custom_dataset:subtraction_rows --set checkpoint.run_dir=runs/sub
+    PYTHONPATH=. maspo train --set data.source=custom_dataset:subtraction_rows --set checkpoint.run_dir=runs/sub
+
+(the module's folder goes on ``PYTHONPATH``: the working directory is not searched implicitly).
 
 Running this file writes the function's rows as jsonl, the file route for the same data:
 

@@ -1,14 +1,17 @@
 """A custom reward: replace math-verify with your own ``grade(response, answer) -> bool``.
 
-Copy this file next to where you run ``maspo`` (or anywhere on ``PYTHONPATH``) and name the function in the
-config; the trainer imports it by name and calls it inside its crash-proof grading pool, so a grader that
-hangs, crashes or raises costs one item (scored ``reward.incorrect_reward``), never the run:
+Put this file's folder on ``PYTHONPATH`` (the working directory is not searched implicitly, so a
+downloaded config cannot import a stray file: docs/security.md) and name the function in the config; the
+trainer imports it by name and calls it inside its crash-proof grading pool, so a grader that hangs,
+crashes or raises costs one item (scored ``reward.incorrect_reward``), never the run:
 
     cd examples
-    maspo train --set reward.grader=custom_reward:last_number_matches --set checkpoint.run_dir=runs/custom
+    PYTHONPATH=. maspo train --set reward.grader=custom_reward:last_number_matches \
+        --set checkpoint.run_dir=runs/custom
 
 ``reward.correct_reward`` / ``reward.incorrect_reward`` (+1 / -1 by default) turn True / False into rewards;
-``reward.timeout_s`` bounds each call. The function must be defined at module level (the grading workers
+only a ``bool`` counts (anything else is status ``invalid``, scored incorrect); ``reward.timeout_s``
+bounds each call and ``reward.max_bad_fraction`` stops a run whose grader fails on most of a batch. The function must be defined at module level (the grading workers
 import it by name) and should be pure: workers are recycled now and then.
 """
 

@@ -73,12 +73,21 @@ def check_combinations(cfg: MaspoConfig) -> None:
     so their order does not matter).
 
     Raises:
+        ValueError: a micro-batch token budget below ``data.max_prompt_tokens + rollout.max_new_tokens``
+            (the longest sequence a step can hold).
         ValueError: ``rollout.max_staleness > 0`` without a rollout correction (``loss.tis_cap``, or
             ``loss.rollout_correction.mode`` other than 'none'). Stale samples come from an
             older policy than the recomputed π_old; without the weight π_old/π_rollout the gradient is
             taken under the wrong distribution, a bias that grows with k. Which cap is a method choice,
             so it is asked for rather than silently switched on.
     """
+    longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    if cfg.train.max_tokens_per_micro_batch < longest:
+        # A packed row holds whole sequences; one longer than the budget cannot be placed at all.
+        raise ValueError(
+            f"train.max_tokens_per_micro_batch={cfg.train.max_tokens_per_micro_batch} is below the longest "
+            f"possible sequence, data.max_prompt_tokens + rollout.max_new_tokens = {longest}: raise it, or "
+            "lower those two")
     if cfg.rollout.max_staleness > 0 and not cfg.loss.corrects_rollout:
         raise ValueError(f"rollout.max_staleness={cfg.rollout.max_staleness} needs loss.tis_cap "
                          "(e.g. 2.0: truncated IS against the stale rollout log-probs) or another "

@@ -29,5 +29,25 @@ class StackError(RuntimeError):
     """The installed GPU stack is a known-broken combination (``megatron_maspo/stack.py``)."""
 
 
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, InputError, MissingPathError, StackError)
+
+class GraderError(RuntimeError):
+    """The reward's grader failed on too much of one batch (wrong return type, hangs, raises).
+
+    The message names the grader, the counts and the setting that allows more.
+    """
+
+
+class StorageError(OSError):
+    """The run directory cannot hold what the run writes: not writable, or its disk is (nearly) full.
+
+    The message names the path and the bytes needed or free.
+    """
+
+
+class MissingExtraError(ImportError):
+    """An optional dependency a command needs is not installed; the message names the pip extra."""
+
+
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, InputError, MissingPathError, GraderError,
+                                                StorageError, MissingExtraError, StackError)
 """What ``maspo`` turns into a one-line message with exit status 2."""

@@ -2,13 +2,14 @@
 
 Values are coerced against the dataclass field's annotation (bool, int, float, str, ``X | None``,
 ``Literal``, lists of scalars). An unknown key or a value that does not fit fails with a ``ConfigError``
-naming the key and what it accepts. After an override the touched dataclass is rebuilt so its
-``__post_init__`` validation runs again.
+naming the key and what it accepts. After all overrides the tree is rebuilt once, so every
+``__post_init__`` validation runs on the final values (the order of ``--set`` does not matter).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Literal, Union, get_args, get_origin
@@ -72,9 +73,12 @@ def _coerce(key: str, text: Any, tp: Any) -> Any:
             raise ConfigError(f"{key}: {text!r} is not an integer") from None
     if tp is float:
         try:
-            return float(text)
+            number = float(text)
         except (TypeError, ValueError):
             raise ConfigError(f"{key}: {text!r} is not a number") from None
+        if not math.isfinite(number):  # inf / nan would start a run that fails (or is silently wrong) later
+            raise ConfigError(f"{key}: {text!r} is not a finite number")
+        return number
     if tp is str:
         return str(text)
     if tp is Any:
@@ -82,50 +86,62 @@ def _coerce(key: str, text: Any, tp: Any) -> Any:
     raise ConfigError(f"{key}: fields of type {tp} cannot be overridden")
 
 
-def _field_names(obj: Any) -> list[str]:
-    return [f.name for f in dataclasses.fields(obj) if f.init]
-
-
 def apply_overrides(cfg: Any, assignments: list[str]) -> Any:
     """Return a copy of the dataclass tree ``cfg`` with ``key=value`` assignments applied.
 
+    Each key and value is checked as it comes (unknown key, wrong type: the message names it), but the
+    sections' validation runs once, on the result: ``--set parallel.tp=2 --set parallel.world_size=2``
+    works in either order.
+
     Raises:
         ConfigError: malformed assignment, unknown key (lists the accepted keys at that level), a value of
-            the wrong type, or a value the component's validation rejects.
+            the wrong type, or a result the components' validation rejects (naming the assignments).
     """
+    if not assignments:
+        return cfg
+    data = to_dict(cfg)
     for a in assignments:
         if "=" not in a:
             raise ConfigError(f"override {a!r} must look like section.field=value")
         key, value = a.split("=", 1)
-        cfg = set_path(cfg, key.strip(), value)
-    return cfg
+        _set_in(type(cfg), data, key.strip().split("."), value, key.strip())
+    return _rebuild(type(cfg), data, ", ".join(assignments))
 
 
 def set_path(cfg: Any, key: str, value: Any) -> Any:
     """Return a copy of ``cfg`` with the dotted ``key`` set to ``value`` (coerced and validated)."""
-    parts = key.split(".")
-    return _set(cfg, parts, value, key)
+    data = to_dict(cfg)
+    _set_in(type(cfg), data, key.split("."), value, key)
+    return _rebuild(type(cfg), data, f"{key}={value!r}")
 
 
-def _set(obj: Any, parts: list[str], value: Any, full_key: str) -> Any:
-    if not dataclasses.is_dataclass(obj):
-        raise ConfigError(f"{full_key}: cannot descend into a non-config value")
+def _rebuild(cls: type, data: dict, what: str) -> Any:
+    """``cls`` from ``data``, every section validated once; a rejection names ``what`` was set."""
+    try:
+        return from_dict(cls, data)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{what} rejected: {e}") from None
+
+
+def _set_in(cls: type, data: dict, parts: list[str], value: Any, full_key: str) -> None:
+    """Set ``parts`` in the plain-dict form ``data`` of dataclass ``cls``, coercing ``value``."""
     name = parts[0]
-    names = _field_names(obj)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
     if name not in names:
         where = full_key[: full_key.index(name)] if name in full_key else ""
         raise ConfigError(f"unknown config key {full_key!r}: {where or 'top level'} accepts {names}")
-    current = getattr(obj, name)
+    tp = _hints(cls)[name]
     if len(parts) == 1:
-        if dataclasses.is_dataclass(current):
-            raise ConfigError(f"{full_key} is a section; set one of its fields: {_field_names(current)}")
-        new_val = _coerce(full_key, value, _hints(type(obj))[name])
-    else:
-        new_val = _set(current, parts[1:], value, full_key)
-    try:
-        return dataclasses.replace(obj, **{name: new_val})
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"{full_key}={value!r} rejected: {e}") from None
+        if dataclasses.is_dataclass(tp):
+            raise ConfigError(f"{full_key} is a section; set one of its fields: "
+                              f"{[f.name for f in dataclasses.fields(tp) if f.init]}")
+        data[name] = _coerce(full_key, value, tp)
+        return
+    if not dataclasses.is_dataclass(tp):
+        raise ConfigError(f"{full_key}: cannot descend into a non-config value")
+    _set_in(tp, data.setdefault(name, {}), parts[1:], value, full_key)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

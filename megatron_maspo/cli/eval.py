@@ -70,11 +70,13 @@ def _grader(name: str, cfg):
 
 
 def run(args: argparse.Namespace) -> int:
+    from megatron_maspo.model.ckpt_manifest import list_checkpoints
+    from megatron_maspo.plugins import announce_plugins
     from megatron_maspo.recipes.registry import resolve_config
-    from megatron_maspo.train.actor.checkpoint import list_checkpoints
     from megatron_maspo.train.config import CHECKPOINT_SUBDIR
 
     cfg = resolve_config(None, args.run_dir, args.overrides)
+    announce_plugins(cfg, f"config {args.run_dir}")  # the run's config.yaml: say what it will import
     greedy = args.temperature == 0
     args.k = args.k if args.k is not None else (1 if greedy else 32)
     if args.k < 1:
@@ -88,7 +90,10 @@ def run(args: argparse.Namespace) -> int:
         from megatron_maspo.eval.benchmarks import find_benchmarks
 
         find_benchmarks(args.benchmarks)  # fail before building the model
-    ckpts = list_checkpoints(Path(args.run_dir) / CHECKPOINT_SUBDIR)
+    from megatron_maspo.model.ckpt_manifest import usable
+
+    root = Path(args.run_dir) / CHECKPOINT_SUBDIR
+    ckpts = usable(list_checkpoints(root), root)  # a damaged newest checkpoint is named and skipped
     ckpt = args.checkpoint or (ckpts[-1] if ckpts else None)
     if ckpt is None or not Path(ckpt).is_dir():  # before building anything
         raise MissingPathError(f"no checkpoint {ckpt or 'under ' + str(Path(args.run_dir) / CHECKPOINT_SUBDIR)}")

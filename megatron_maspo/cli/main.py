@@ -26,7 +26,7 @@ import importlib.util
 import logging
 import sys
 
-SUBCOMMANDS = ("train", "eval", "convert", "plan", "check", "launch", "doctor")
+SUBCOMMANDS = ("train", "eval", "convert", "plan", "check", "launch", "doctor", "recipes")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +40,19 @@ def build_parser() -> argparse.ArgumentParser:
         if importlib.util.find_spec(modname) is None:
             continue
         importlib.import_module(modname).add_parser(sub)
+    for p in sub.choices.values():  # the modules' docstrings are the help text: shown without markup
+        p.description = plain_text(p.description)
     return parser
+
+
+def plain_text(doc: str | None) -> str | None:
+    """``doc`` without reStructuredText markup: ``code`` and :role:`x` become plain words."""
+    if not doc:
+        return doc
+    import re
+
+    doc = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
+    return doc.replace("``", "")
 
 
 def main(argv: list[str] | None = None) -> int:

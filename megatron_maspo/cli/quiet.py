@@ -35,8 +35,13 @@ WARNINGS: tuple[tuple[type[Warning], str], ...] = (
 FUTURE_WARNING_MODULES = (r"transformers(\..*)?",)
 """Modules whose ``FutureWarning`` deprecation notices are ignored (they repeat per call site)."""
 
-QUIET_LOGGERS = ("megatron.core",)
-"""Loggers set to WARNING: config dumps, per-bucket parameter lists, FSDP/TE detection notes."""
+FUTURE_WARNING_TEXT = (r".*past_key_values",)
+"""``FutureWarning`` messages ignored wherever they are raised: transformers' ``past_key_values`` notice
+is attributed to torch's frame (the module filter above misses it) and split the progress bar at step 1."""
+
+QUIET_LOGGERS = ("megatron.core", "matplotlib")
+"""Loggers set to WARNING: config dumps, per-bucket parameter lists, FSDP/TE detection notes, and
+matplotlib's font-cache notes when the plots are drawn at the end of a run."""
 
 
 def configure_console(verbose: bool) -> None:
@@ -49,6 +54,8 @@ def configure_console(verbose: bool) -> None:
         specs.append(f"ignore:{prefix}:{category.__name__}")
     for module in FUTURE_WARNING_MODULES:
         warnings.filterwarnings("ignore", category=FutureWarning, module=module)
+    for pattern in FUTURE_WARNING_TEXT:
+        warnings.filterwarnings("ignore", message=pattern, category=FutureWarning)
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     # Child processes: PYTHONWARNINGS entries are "action:message-prefix:category" (no ':' or ','

@@ -23,6 +23,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def _check_rows(cfg) -> None:
+    """A file or function dataset with no usable row fails here, in one line, before any model is built."""
+    from megatron_maspo.data.dataset import load_examples
+    from megatron_maspo.data.example import SkipLog
+    from megatron_maspo.errors import InputError
+
+    skips = SkipLog()
+    if not load_examples(cfg.data, skips):
+        raise InputError(f"data.source={cfg.data.source!r}: no usable row (skipped: {dict(skips.counts)})")
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -36,6 +47,11 @@ def run(args: argparse.Namespace) -> int:
                 raise MissingPathError(f"--resume {args.resume}: no config.yaml in it (not a run directory "
                                        "written by maspo train?); pass --recipe or --config as well")
             args.config = args.resume
+    import os
+
+    from megatron_maspo.cli.common import launcher_overrides
+
+    args.overrides = launcher_overrides(args.overrides, dict(os.environ))
     cfg = config_from_args(args)
     if args.resume:
         from dataclasses import replace
@@ -43,8 +59,10 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, run_dir=args.resume))
     # Fail on bad input before any heavy work: data files must exist, user hooks must import, the run
     # directory must fit --resume.
-    from megatron_maspo.plugins import is_target, resolve
+    from megatron_maspo.plugins import announce_plugins, is_target, resolve
 
+    if args.config:  # a saved config (a run directory perhaps from elsewhere): say what it will import
+        announce_plugins(cfg, f"config {args.config}")
     src = cfg.data.source
     if is_target(src) and not Path(src).exists() and not src.startswith("reasoning_gym:"):
         resolve(src, "data.source")  # user hooks: import errors name the field, before any heavy work
@@ -52,17 +70,32 @@ def run(args: argparse.Namespace) -> int:
         raise MissingPathError(f"data.source={src!r}: no such file")
     if cfg.reward.grader:
         resolve(cfg.reward.grader, "reward.grader")
+    if src != "synthetic" and not src.startswith("reasoning_gym:"):
+        _check_rows(cfg)
     from megatron_maspo.launch.requeue import auto_resume, requeue_if_unfinished
-    from megatron_maspo.train.loop import check_layout_supported, check_run_dir, train
+    from megatron_maspo.train.preflight import check_layout_supported, check_run_dir
 
     check_layout_supported(cfg.parallel)
     from megatron_maspo.stack import refuse_broken_stack
 
     refuse_broken_stack()  # on a GPU: a known-broken torch/vLLM/TE set stops here, in one line
     resume = bool(args.resume) or auto_resume(cfg)
-    check_run_dir(cfg.checkpoint.run_dir, resume=resume)
+    ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)
+    from megatron_maspo.model.ckpt_manifest import check_storage, folder_bytes
+
+    # Writable, with room for the next checkpoint (the last one's size; a fresh run: 64 MiB of headroom).
+    check_storage(cfg.checkpoint.run_dir, folder_bytes(ckpts[-1]) if ckpts else 64 * 2**20)
+
+    import time
+
+    t0 = time.monotonic()
+    from megatron_maspo.train.loop import train  # megatron-core from here on
 
     run_dir = train(cfg, resume=resume)
     requeue_if_unfinished(cfg)  # a Slurm job stopped by its time-limit signal goes back in the queue
     print(f"run directory: {run_dir}")
+    if int(os.environ.get("RANK", "0")) == 0:
+        from megatron_maspo.cli.summary import run_summary
+
+        print("\n".join(run_summary(run_dir, time.monotonic() - t0)))
     return 0

@@ -157,7 +157,10 @@ def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp:
         config["torch_dtype"] = str(tdtype).removeprefix("torch.")
         assets = Path(ckpt) / ASSETS_DIR
         try:
-            save_hf_folder(stream, out, config, copy_from=assets if assets.is_dir() else None)
+            from megatron_maspo.conversion.plan import hf_state_dict_keys
+
+            save_hf_folder(stream, out, config, copy_from=assets if assets.is_dir() else None,
+                           total=len(hf_state_dict_keys(spec)))
         except BaseException:
             for _ in stream:  # keep the other ranks' collectives matched, then fail
                 pass

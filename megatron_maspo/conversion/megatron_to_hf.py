@@ -144,12 +144,13 @@ def export_hf_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Par
 
 def save_hf_folder(named: Iterable[tuple[str, torch.Tensor]], out_dir: str | Path, config: dict, *,
                    max_shard_bytes: int = 2 << 30, copy_from: str | Path | None = None,
-                   progress: bool = True) -> Path:
+                   progress: bool = True, total: int | None = None) -> Path:
     """Stream tensors into an HF folder (``*.safetensors`` shards + index + ``config.json``).
 
     Written into a sibling temporary folder and renamed at the end: an error never leaves a partial
     checkpoint at ``out_dir`` (which must not exist). Only ``max_shard_bytes`` of tensors are held.
     ``copy_from``: a folder whose tokenizer/generation files are copied along.
+    ``total``: the number of tensors ``named`` yields, for the progress bar (when known).
     """
     import json
 
@@ -170,7 +171,7 @@ def save_hf_folder(named: Iterable[tuple[str, torch.Tensor]], out_dir: str | Pat
                 shards.append(list(buf))
                 buf, size = {}, 0
 
-        for name, t in tqdm(named, desc="export", unit="tensor", disable=not progress):
+        for name, t in tqdm(named, desc="export", unit=" tensors", total=total, disable=not progress):
             nbytes = t.numel() * t.element_size()
             if buf and size + nbytes > max_shard_bytes:
                 flush()

@@ -10,6 +10,7 @@ from megatron_maspo.data.config import DataConfig
 from megatron_maspo.data.example import Example, SkipLog
 from megatron_maspo.data.loaders import load_file, rows_to_examples
 from megatron_maspo.data.synthetic import arithmetic_examples
+from megatron_maspo.errors import InputError
 from megatron_maspo.plugins import is_target, resolve
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def tokenize_examples(
         # Special tokens come from the template text itself; no BOS/EOS added on top.
         ids = tokenizer.encode(render_prompt(ex, tokenizer, cfg), add_special_tokens=False)
         if len(ids) > cfg.max_prompt_tokens:
-            skips.skip("too_long", f"{ex.source}[{i}]")
+            skips.skip("too_long", ex.origin or f"{ex.source}[{i}]")  # where the loader found the row
             continue
         ex.prompt_ids = ids
         out.append(ex)
@@ -91,8 +92,6 @@ def build_prompt_dataset(cfg: DataConfig, tokenizer: Any) -> tuple[list[Example]
     skips = SkipLog()
     examples = tokenize_examples(load_examples(cfg, skips), tokenizer, cfg, skips)
     if not examples:
-        raise ValueError(
-            f"DataConfig.source={cfg.source!r} yielded no usable examples (skipped: {dict(skips.counts)})"
-        )
+        raise InputError(f"data.source={cfg.source!r}: no usable row (skipped: {dict(skips.counts)})")
     logger.info("prompt dataset: %d examples, skipped %s", len(examples), dict(skips.counts))
     return examples, skips

@@ -21,6 +21,9 @@ class Example:
     """Dataset / benchmark name (``data_source`` in DAPO, the file stem otherwise)."""
     prompt_ids: list[int] | None = None
     """Token ids of the rendered prompt, filled by ``data.templates.tokenize_examples``."""
+    origin: str = ""
+    """Where the row came from, in the form skip messages use (``file.jsonl:12`` = line 12; ``name[3]`` =
+    row 3 of a json / parquet file or a function's rows), so a later skip names the same place."""
 
 
 @dataclass

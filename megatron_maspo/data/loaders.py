@@ -21,7 +21,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from megatron_maspo.data.example import Example, SkipLog
 from megatron_maspo.reward.extract import last_boxed
@@ -32,13 +32,20 @@ QUESTION_FIELDS = ("problem", "question", "prompt", "input", "query")
 ANSWER_FIELDS = ("answer", "final_answer", "ground_truth", "expected_answer", "target")
 
 
-def _read_jsonl(path: Path, skips: SkipLog) -> Iterator[Any]:
+class Located(NamedTuple):
+    """A row with its location: jsonl rows carry their line number (``path:line``)."""
+
+    where: str
+    row: Any
+
+
+def _read_jsonl(path: Path, skips: SkipLog) -> Iterator[Located]:
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
             try:
-                yield json.loads(raw.decode("utf-8"))
+                yield Located(f"{path}:{lineno}", json.loads(raw.decode("utf-8")))
             except UnicodeDecodeError:
                 skips.skip("undecodable", f"{path}:{lineno}")
             except json.JSONDecodeError:
@@ -54,7 +61,8 @@ def _read_json(path: Path) -> Iterator[Any]:
         )
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of rows or {{'data': [...]}}")
-    yield from data
+    for i, row in enumerate(data):
+        yield Located(f"{path}[{i}]", row)
 
 
 def _read_parquet(path: Path) -> Iterator[Any]:
@@ -62,8 +70,11 @@ def _read_parquet(path: Path) -> Iterator[Any]:
         import pyarrow.parquet as pq
     except ImportError as e:
         raise ImportError(f"reading {path} needs pyarrow: pip install megatron-maspo[data]") from e
+    i = 0
     for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-        yield from batch.to_pylist()
+        for row in batch.to_pylist():
+            yield Located(f"{path}[{i}]", row)
+            i += 1
 
 
 def _clean_text(value: Any) -> str | None:
@@ -130,6 +141,8 @@ def rows_to_examples(
     out: list[Example] = []
     for i, row in enumerate(rows):
         where = f"{source}[{i}]"
+        if isinstance(row, Located):  # one kind of location per file: its line numbers
+            where, row = row
         if not isinstance(row, dict):
             skips.skip("bad_row", where)
             continue
@@ -145,7 +158,7 @@ def rows_to_examples(
             skips.skip("no_answer", where)
         else:
             src = _clean_text(row.get("data_source")) if row_schema == "dapo" else None
-            out.append(Example(prompt=prompt, answer=answer, source=src or source))
+            out.append(Example(prompt=prompt, answer=answer, source=src or source, origin=where))
             if limit is not None and len(out) >= limit:
                 break
     return out

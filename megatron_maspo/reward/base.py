@@ -20,7 +20,9 @@ class GradeStatus(enum.StrEnum):
     CRASH = "crash"
     """The worker died (segfault, ``os._exit``, OOM kill) while grading this item."""
     ERROR = "error"
-    """The grader raised; the exception is logged."""
+    """The grader raised; the exception's type is logged once per batch."""
+    INVALID = "invalid"
+    """A user grader returned something other than a bool (``None``, NaN, a string)."""
 
 
 @dataclass(kw_only=True)

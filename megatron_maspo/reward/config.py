@@ -39,7 +39,19 @@ class RewardConfig:
     grader: str = ""
     """A user grader instead of math-verify: ``"module:function"`` with ``function(response: str, answer:
     str) -> bool`` (True = correct). It runs in the same crash-proof pool (timeouts, crashes and exceptions
-    score ``incorrect_reward``); see ``examples/custom_reward.py``. Empty = math-verify."""
+    score ``incorrect_reward``); see ``examples/custom_reward.py``. Only a ``bool`` (or numpy bool) counts:
+    any other value (``None``, NaN, ``1``, ``"no"``) is status ``invalid``, scored ``incorrect_reward`` and
+    reported once per batch with its type. The module is imported by name from ``PYTHONPATH`` or an
+    installed package, never from the working directory implicitly (``docs/security.md``). Empty =
+    math-verify."""
+    grading_budget_s: float = 0.25
+    """Average seconds per item per worker a whole batch may take: a batch of ``B`` items on ``W``
+    workers must finish within ``timeout_s + grading_budget_s * ceil(B / W)`` (37 s for 256 items on 2
+    workers at the defaults; math-verify needs ~0.01 s per item). Items left then score ``timeout``, so a
+    grader that sleeps cannot stall a step for ``B * timeout_s / W``."""
+    max_bad_fraction: float = 0.5
+    """Stop the run with one line naming the grader when more than this fraction of one batch is
+    ``invalid``, ``timeout``, ``crash`` or ``error`` (a broken grader, not hard answers). 1.0 = never."""
     start_method: str = "forkserver"
     """multiprocessing start method for the workers. ``forkserver`` forks replacements from a clean
     server that pre-imports math-verify (fast, and safe when the trainer process has threads)."""
@@ -73,6 +85,11 @@ class RewardConfig:
             raise ValueError(
                 f"RewardConfig.max_tasks_per_worker must be >= 0, got {self.max_tasks_per_worker}"
             )
+        if not self.grading_budget_s > 0:
+            raise ValueError(f"RewardConfig.grading_budget_s must be > 0, got {self.grading_budget_s}")
+        if not 0.0 <= self.max_bad_fraction <= 1.0:
+            raise ValueError(
+                f"RewardConfig.max_bad_fraction must be in [0, 1], got {self.max_bad_fraction}")
         if self.grader:
             from megatron_maspo.plugins import check_target
 

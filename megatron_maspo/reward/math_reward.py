@@ -9,10 +9,12 @@ Usage::
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
 
+from megatron_maspo.errors import GraderError
 from megatron_maspo.reward.base import GradeStatus, RewardOutput
 from megatron_maspo.reward.config import RewardConfig
 from megatron_maspo.reward.pool import GraderPool
@@ -20,6 +22,19 @@ from megatron_maspo.reward.pool import GraderPool
 logger = logging.getLogger(__name__)
 
 _GRADER_MODULE = "megatron_maspo.reward.math_verify"
+_BAD = (GradeStatus.INVALID, GradeStatus.TIMEOUT, GradeStatus.CRASH, GradeStatus.ERROR)
+
+
+def judge(value: object) -> GradeStatus | tuple[GradeStatus, str]:
+    """A user grader's return value as a status: only a bool (or numpy bool) is an answer.
+
+    Truthiness would score ``"no"``, NaN and ``[False]`` correct; anything but a bool is ``INVALID``
+    with its type name as the note.
+    """
+    kind = type(value)
+    if kind is bool or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
+        return GradeStatus.CORRECT if value else GradeStatus.WRONG
+    return GradeStatus.INVALID, f"returned {kind.__name__}"
 
 
 def _grade(response: str, gold: str, policy: str, max_chars: int, timeout_s: float) -> GradeStatus:
@@ -41,11 +56,10 @@ class UserGrade:
         self.target = target
 
     def __call__(self, response: str, gold: str, policy: str, max_chars: int,
-                 timeout_s: float) -> GradeStatus:
+                 timeout_s: float) -> GradeStatus | tuple[GradeStatus, str]:
         from megatron_maspo.plugins import resolve
 
-        correct = resolve(self.target, "reward.grader")(response, gold)
-        return GradeStatus.CORRECT if correct else GradeStatus.WRONG
+        return judge(resolve(self.target, "reward.grader")(response, gold))
 
 
 class MathReward:
@@ -61,8 +75,11 @@ class MathReward:
         self.totals: Counter[str] = Counter()
         """Lifetime ``GradeStatus`` counts across calls."""
         preload = _GRADER_MODULE
+        self.name = "math-verify" if grade_fn is _grade else getattr(grade_fn, "__name__", "grader")
+        """The grader's name in messages: ``math-verify`` or the ``module:function`` target."""
         if config.grader and grade_fn is _grade:
             grade_fn, preload = UserGrade(config.grader), config.grader.split(":")[0]
+            self.name = config.grader
         self._pool = GraderPool(
             grade_fn,
             num_workers=config.num_workers,
@@ -73,6 +90,7 @@ class MathReward:
             max_worker_rss_mb=config.max_worker_rss_mb,
             max_tasks_per_worker=config.max_tasks_per_worker,
             address_space_mb=config.max_worker_address_space_mb,
+            name=self.name,
         )
 
     def __call__(self, responses: list[str], ground_truths: list[str], *,
@@ -84,6 +102,7 @@ class MathReward:
         Raises:
             ValueError: the two lists differ in length.
             TypeError: an element is not a ``str``.
+            GraderError: more than ``max_bad_fraction`` of the items were invalid, timed out or failed.
         """
         if len(responses) != len(ground_truths):
             raise ValueError(
@@ -101,6 +120,7 @@ class MathReward:
                 for r, g in zip(responses, ground_truths)
             ],
             progress=progress,
+            deadline_s=self.deadline_s(len(responses)),
         )
         rewards = [
             cfg.correct_reward if s is GradeStatus.CORRECT else cfg.incorrect_reward
@@ -111,12 +131,26 @@ class MathReward:
         metrics = {f"reward/{s.value}_count": float(counts.get(s, 0)) for s in GradeStatus}
         metrics["reward/mean"] = sum(rewards) / len(rewards) if rewards else 0.0
         metrics["reward/seconds"] = time.perf_counter() - t0
-        failed = counts[GradeStatus.TIMEOUT] + counts[GradeStatus.CRASH] + counts[GradeStatus.ERROR]
-        if failed:
-            logger.warning(
-                "reward: %d/%d items timed out, crashed or errored", failed, len(statuses)
-            )
+        self._check(counts, len(statuses))
         return RewardOutput(rewards=rewards, statuses=statuses, metrics=metrics)
+
+    def deadline_s(self, n: int) -> float:
+        """Wall-clock budget of one batch of ``n`` items (see ``RewardConfig.grading_budget_s``)."""
+        cfg = self.config
+        return cfg.timeout_s + cfg.grading_budget_s * math.ceil(n / cfg.num_workers)
+
+    def _check(self, counts: Counter, n: int) -> None:
+        """Log one line for the batch's failed items; raise when too many failed."""
+        failed = sum(counts[s] for s in _BAD)
+        if not failed:
+            return
+        why = ", ".join(f"{k} x{v}" for k, v in self._pool.last_notes.most_common(4))
+        line = f"grader {self.name}: {failed}/{n} items scored incorrect because they failed ({why})"
+        if failed > self.config.max_bad_fraction * n:
+            raise GraderError(f"{line}; over reward.max_bad_fraction={self.config.max_bad_fraction:g}, "
+                              "stopping (fix the grader, or raise reward.timeout_s / "
+                              "reward.grading_budget_s for a slow one)")
+        logger.warning("%s", line)
 
     def worker_pids(self) -> list[int]:
         """PIDs of the grading workers (for memory checks)."""

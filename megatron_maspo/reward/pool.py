@@ -10,7 +10,12 @@ dispatches one item at a time per worker, waits on all pipes with the nearest de
 
 Workers warm up (imports, math-verify's lazy init) before announcing themselves ready, so the deadline
 only measures grading. The grade function must be a module-level callable (it is pickled by reference)
-returning a ``GradeStatus``; exceptions inside it score ``ERROR`` without killing the worker.
+returning a ``GradeStatus``, or ``(GradeStatus, note)`` where ``note`` says why (e.g. the type a user grader
+returned); exceptions inside it score ``ERROR`` without killing the worker (the note is the exception's type).
+A whole ``map`` call may also have a deadline: items not graded by then score ``TIMEOUT``.
+
+Per-item failures are not logged here (a slow grader would print one line per item): the caller reads
+``last_notes`` and logs one summary per batch. Start-up failures name the grader (``name``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import contextlib
 import logging
 import multiprocessing as mp
 import resource
+import signal
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -28,6 +34,7 @@ from typing import Any
 
 import psutil
 
+from megatron_maspo.errors import GraderError
 from megatron_maspo.reward.base import GradeStatus
 
 logger = logging.getLogger(__name__)
@@ -40,37 +47,63 @@ def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise TimeoutError("warm-up call overran")
+
+
+def _warm_up(grade_fn: Callable[..., Any], args: tuple, timeout_s: float, name: str) -> None:
+    """One throw-away call, interrupted after ``timeout_s`` by SIGALRM (this is the worker's main thread).
+
+    A failing or sleeping warm-up must not stop the worker: the real items then fail, are counted and
+    hit the batch's limits. A hang that ignores the alarm (C code) ends in the pool's start-up timeout.
+    """
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        grade_fn(*args)
+    except Exception as e:
+        logger.warning("grader %s: warm-up call failed (%s: %s)", name, type(e).__name__, e)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _worker_main(
     conn: Connection,
     grade_fn: Callable[..., GradeStatus],
     warmup: tuple | None,
     address_space_mb: int,
+    name: str = "grader",
+    warmup_timeout_s: float = 5.0,
 ) -> None:
     """Worker loop: cap memory, warm up, say ready, then grade ``(idx, args)`` until ``None``."""
+    from megatron_maspo.parallel.orphans import die_with_parent
+
+    die_with_parent()  # the trainer (or the fork server, which ends with it) SIGKILLed: end too
     if address_space_mb:
         # One item allocating gigabytes (a huge power, a giant matrix) gets a MemoryError here, scored
         # ERROR, instead of pushing the node into swap or the OOM killer. Virtual size, hence generous.
         limit = address_space_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     if warmup is not None:
-        try:
-            grade_fn(*warmup)
-        except Exception:  # a failing warm-up must not stop the worker; real items will report it
-            logger.exception("grader warm-up failed")
+        _warm_up(grade_fn, warmup, warmup_timeout_s, name)
     conn.send(("ready", _rss_mb()))
     while True:
-        msg = conn.recv()
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the trainer is gone: nothing to report, no traceback
+            return
         if msg is None:
             return
         idx, args = msg
+        note = ""
         try:
-            status = GradeStatus(grade_fn(*args))
-        except (
-            Exception
-        ) as e:  # MemoryError, RecursionError, parser bugs: the item is wrong, not the run
-            logger.warning("grader raised %s on item %d", type(e).__name__, idx)
-            status = GradeStatus.ERROR
-        conn.send((idx, status, _rss_mb()))
+            out = grade_fn(*args)
+            status, note = (GradeStatus(out[0]), str(out[1])) if isinstance(out, tuple) else (
+                GradeStatus(out), "")
+        except Exception as e:  # MemoryError, RecursionError, parser bugs: the item is wrong, not the run
+            status, note = GradeStatus.ERROR, f"raised {type(e).__name__}"
+        conn.send((idx, status, note, _rss_mb()))
 
 
 @dataclass
@@ -97,6 +130,8 @@ class GraderPool:
         max_worker_rss_mb: recycle a worker above this resident size.
         max_tasks_per_worker: recycle a worker after this many items; 0 = never.
         address_space_mb: ``RLIMIT_AS`` of each worker in MiB; 0 = unlimited.
+        name: the grader's name in start-up errors (``"math-verify"``, ``"my_rewards:exact"``).
+        startup_timeout_s: a worker not ready (imports, warm-up call) after this raises ``GraderError``.
     """
 
     def __init__(
@@ -111,6 +146,8 @@ class GraderPool:
         max_worker_rss_mb: int = 1024,
         max_tasks_per_worker: int = 0,
         address_space_mb: int = 0,
+        name: str = "grader",
+        startup_timeout_s: float = _STARTUP_TIMEOUT_S,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -125,6 +162,10 @@ class GraderPool:
         self._max_rss_mb = max_worker_rss_mb
         self._max_tasks = max_tasks_per_worker
         self._address_space_mb = address_space_mb
+        self.name = name
+        self._startup_timeout_s = startup_timeout_s
+        self.last_notes: Counter[str] = Counter()
+        """Why items of the last ``map`` call failed: ``"<status>: <note>"`` -> count."""
         self.events: Counter[str] = Counter()
         """Lifetime counts: ``timeout``, ``crash``, ``recycled``, ``started``."""
         self._workers: list[_Worker] = [self._start() for _ in range(num_workers)]
@@ -134,7 +175,8 @@ class GraderPool:
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(child, self._grade_fn, self._warmup, self._address_space_mb),
+            args=(child, self._grade_fn, self._warmup, self._address_space_mb, self.name,
+                  self._timeout_s),
             daemon=True,
         )
         proc.start()
@@ -174,22 +216,31 @@ class GraderPool:
 
     # -- grading ---------------------------------------------------------------------------------
     def map(self, items: Sequence[tuple], *,
-            progress: Callable[[int], None] | None = None) -> list[GradeStatus]:
+            progress: Callable[[int], None] | None = None,
+            deadline_s: float | None = None) -> list[GradeStatus]:
         """Grade every ``items[i]`` (the argument tuple of ``grade_fn``); returns ``[len(items)]``.
 
         Never raises for a bad item: overruns score ``TIMEOUT``, dead workers ``CRASH``.
         ``progress(k)``, when given, is called as ``k`` more items get their status.
+        ``deadline_s``, when given, bounds the whole call from the first dispatch (worker start-up
+        is not counted): items still pending or in flight then score ``TIMEOUT``.
 
         Raises:
-            RuntimeError: workers cannot start at all (e.g. the grader module fails to import).
+            GraderError: workers cannot start (the grader module fails to import, its warm-up call
+                crashes or hangs); the message names the grader.
         """
         if not self._workers:
             raise RuntimeError("GraderPool is closed")
         results: list[GradeStatus | None] = [None] * len(items)
+        self.last_notes = Counter()
         pending = deque(range(len(items)))
         startup_failures = 0
         reported = 0
+        batch_end: float | None = None
         while pending or any(w.item is not None for w in self._workers):
+            if batch_end is not None and time.monotonic() > batch_end:
+                self._expire(results, pending, deadline_s)
+                break
             if progress is not None and (done := len(items) - results.count(None)) > reported:
                 progress(done - reported)
                 reported = done
@@ -204,8 +255,12 @@ class GraderPool:
                         self._replace(w)
                         continue
                     w.item, w.deadline = idx, time.monotonic() + self._timeout_s
+                    if batch_end is None and deadline_s is not None:
+                        batch_end = time.monotonic() + deadline_s
             now = time.monotonic()
             deadlines = [w.deadline for w in self._workers if w.item is not None]
+            if batch_end is not None:
+                deadlines.append(batch_end)
             wait_s = max(0.0, min(deadlines) - now) if deadlines else 1.0
             for conn in wait([w.conn for w in self._workers], timeout=wait_s):
                 w = next(w for w in self._workers if w.conn is conn)
@@ -215,23 +270,25 @@ class GraderPool:
                     if w.item is not None:
                         results[w.item] = GradeStatus.CRASH
                         self.events["crash"] += 1
-                        logger.warning("grading worker %d died on item %d", w.proc.pid, w.item)
+                        self.last_notes[f"crash: worker exit code {w.proc.exitcode}"] += 1
                     elif w.ready:  # died while idle: replace it, no item lost
                         self.events["crash"] += 1
                     else:
                         startup_failures += 1
                         if startup_failures >= _MAX_CONSECUTIVE_STARTUP_FAILURES:
-                            raise RuntimeError(
-                                f"grading workers died {startup_failures} times before becoming ready"
-                                f" (exit code {w.proc.exitcode}); check that the grader imports"
+                            raise GraderError(
+                                f"grader {self.name}: workers died {startup_failures} times before "
+                                f"becoming ready (exit code {w.proc.exitcode}); check that it imports"
                             ) from None
                     self._replace(w)
                     continue
                 if msg[0] == "ready":
                     w.ready, startup_failures = True, 0
                     continue
-                idx, status, rss_mb = msg
+                idx, status, note, rss_mb = msg
                 results[idx] = status
+                if note:
+                    self.last_notes[f"{status.value}: {note}"] += 1
                 w.item, w.served = None, w.served + 1
                 if rss_mb > self._max_rss_mb or (self._max_tasks and w.served >= self._max_tasks):
                     self.events["recycled"] += 1
@@ -241,18 +298,31 @@ class GraderPool:
                 if w.item is not None and now > w.deadline:
                     results[w.item] = GradeStatus.TIMEOUT
                     self.events["timeout"] += 1
-                    logger.warning(
-                        "grading item %d overran %.1f s; killing worker", w.item, self._timeout_s
-                    )
+                    self.last_notes[f"timeout: over {self._timeout_s:g} s per item"] += 1
                     self._replace(w)
-                elif not w.ready and now - w.started > _STARTUP_TIMEOUT_S:
-                    raise RuntimeError(
-                        f"grading worker {w.proc.pid} not ready after {_STARTUP_TIMEOUT_S} s"
+                elif not w.ready and now - w.started > self._startup_timeout_s:
+                    raise GraderError(
+                        f"grader {self.name}: worker {w.proc.pid} not ready after "
+                        f"{self._startup_timeout_s:g} s (its import or warm-up call hangs)"
                     )
         assert all(r is not None for r in results)
         if progress is not None and len(items) > reported:
             progress(len(items) - reported)
         return results  # type: ignore[return-value]
+
+    def _expire(self, results: list, pending: deque, deadline_s: float | None) -> None:
+        """The batch deadline passed: score what is pending or in flight ``TIMEOUT``, kill busy workers."""
+        late = list(pending)
+        pending.clear()
+        for w in list(self._workers):
+            if w.item is not None:
+                late.append(w.item)
+                self.events["timeout"] += 1
+                self._replace(w)
+        for idx in late:
+            results[idx] = GradeStatus.TIMEOUT
+        if late:
+            self.last_notes[f"timeout: batch over its {deadline_s:g} s deadline"] += len(late)
 
     def __del__(self) -> None:  # best effort at interpreter exit; close() is the contract
         try:

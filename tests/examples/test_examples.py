@@ -59,22 +59,38 @@ def test_train_with_both_hooks_from_the_examples_folder(tmp_path):
     run_dir = tmp_path / "run"
     sets = [*MICRO, "train.steps=1", f"checkpoint.run_dir={run_dir}",
             "reward.grader=custom_reward:last_number_matches", "data.source=custom_dataset:subtraction_rows"]
-    # -P: like the `maspo` console script, the working directory is not put on sys.path
-    cmd = [sys.executable, "-P", "-m", "megatron_maspo.cli.main", "train"]
+    cmd = [sys.executable, "-m", "megatron_maspo.cli.main", "train"]
     for s in sets:
         cmd += ["--set", s]
-    r = subprocess.run(cmd, cwd=EXAMPLES, env=_env(), capture_output=True, text=True, timeout=600)
+    # The folder is named on PYTHONPATH, as the examples' docstrings say (`PYTHONPATH=. maspo train ...`).
+    env = _env()
+    env["PYTHONPATH"] = f"{EXAMPLES}{os.pathsep}{env['PYTHONPATH']}"
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert len(rows) == 1 and all("reward/mean" in row for row in rows)
 
 
 def test_hook_typo_fails_before_any_work(tmp_path):
-    r = subprocess.run([sys.executable, "-P", "-m", "megatron_maspo.cli.main", "train", "--set",
+    env = _env()
+    env["PYTHONPATH"] = f"{EXAMPLES}{os.pathsep}{env['PYTHONPATH']}"
+    r = subprocess.run([sys.executable, "-m", "megatron_maspo.cli.main", "train", "--set",
                         "reward.grader=custom_reward:no_such_fn", "--set", f"checkpoint.run_dir={tmp_path / 'r'}"],
-                       cwd=EXAMPLES, env=_env(), capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "reward.grader" in r.stderr and "no_such_fn" in r.stderr, r.stderr[-2000:]
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "has no callable 'no_such_fn'" in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "r").exists()
+
+
+def test_a_hook_in_the_working_directory_is_not_imported_implicitly(tmp_path):
+    # `python -m` puts the working directory first on sys.path; the hook is still not imported from it.
+    marker = tmp_path / "imported"
+    (tmp_path / "stray.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef f(r, a):\n    return True\n")
+    r = subprocess.run([sys.executable, "-m", "megatron_maspo.cli.main", "train", "--set",
+                        "reward.grader=stray:f", "--set", f"checkpoint.run_dir={tmp_path / 'r'}"],
+                       cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and not marker.exists(), r.stderr[-2000:]
+    line = r.stderr.strip().splitlines()[-1]
+    assert "reward.grader='stray:f'" in line and "working directory, which is not searched" in line, line
 
 
 @pytest.mark.launch

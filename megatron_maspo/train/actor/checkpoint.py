@@ -6,8 +6,9 @@ directory named ``step_*`` is always complete):
 * Megatron ``torch_dist`` shards of ``{"model": ..., "optimizer": ...}`` (resharded on load: a
   checkpoint written at one TP/PP loads at another), plus the common (rank-0) items ``scheduler``,
   ``data_state`` (the trainer's opaque dict) and ``steps_done``;
-* ``rng/rank<r>.pt``: CPU/CUDA and Megatron tracker RNG states, restored only when the world size
-  is unchanged (otherwise there is no meaningful mapping; logged).
+* ``rng/rank<r>.safetensors``: CPU/CUDA and Megatron tracker RNG states, restored only when the world
+  size is unchanged (otherwise there is no meaningful mapping; logged). Older checkpoints' ``rank<r>.pt``
+  is read with ``weights_only=True``; every pickle is screened before loading (``model/safe_load.py``).
 
 ``keep_last`` older complete checkpoints are removed by rank 0 after the new one is in place.
 Distributed-optimizer state uses ``fully_reshardable`` sharding (cpu-notes.md §3).
@@ -30,8 +31,16 @@ from megatron_maspo.model.checkpoint import (
     load_model_state,
     model_sharded_state_dict,
 )
+from megatron_maspo.model.ckpt_manifest import (
+    disk_full,
+    full_disk_error,
+    list_checkpoints,
+    write_manifest,
+)
+from megatron_maspo.model.safe_load import load_rng, save_rng, screen_checkpoint
 from megatron_maspo.model.spec_record import spec_mismatch, write_spec_record
 from megatron_maspo.parallel.device import on_cuda
+from megatron_maspo.parallel.orphans import prepare_child_processes
 
 logger = logging.getLogger(__name__)
 
@@ -61,18 +70,10 @@ def _set_rng_state(st: dict) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(st["tracker"])
 
 
-def list_checkpoints(root: str | Path) -> list[Path]:
-    """Complete checkpoints under ``root``, oldest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
-    return [p for _, p in sorted(found)]
-
-
 def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict | None = None,
                     keep_last: int = 2) -> Path:
     """Collectively save the actor's training state as ``<root>/step_<step>``; returns the path."""
+    prepare_child_processes()  # Megatron's writer processes and their Manager die with this process
     root = Path(root)
     final = root / f"step_{step}"
 
@@ -80,16 +81,26 @@ def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict
         for old in list_checkpoints(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
 
-    with collective_atomic_dir(final, overwrite=True, tmp_name=f".tmp_step_{step}",
-                               on_commit=prune) as tmp:
-        state = _sharded_state(actor, is_loading=False, with_optimizer=True)
-        state.update(scheduler=actor.scheduler.state_dict(), data_state=dict(data_state or {}),
-                     steps_done=actor.steps_done, world_size=dist.get_world_size())
-        dist_checkpointing.save(state, str(tmp))
-        if dist.get_rank() == 0 and hasattr(actor, "opts"):  # the spec that built it (model/spec_record.py)
-            write_spec_record(tmp, actor.opts)
-        (tmp / "rng").mkdir(exist_ok=True)
-        torch.save(_rng_state(), tmp / "rng" / f"rank{dist.get_rank()}.pt")
+    previous = (list_checkpoints(root) or [None])[-1]
+    try:
+        with collective_atomic_dir(final, overwrite=True, tmp_name=f".tmp_step_{step}",
+                                   on_commit=prune) as tmp:
+            state = _sharded_state(actor, is_loading=False, with_optimizer=True)
+            state.update(scheduler=actor.scheduler.state_dict(), data_state=dict(data_state or {}),
+                         steps_done=actor.steps_done, world_size=dist.get_world_size())
+            dist_checkpointing.save(state, str(tmp))
+            if dist.get_rank() == 0 and hasattr(actor, "opts"):  # the spec that built it (model/spec_record.py)
+                write_spec_record(tmp, actor.opts)
+            (tmp / "rng").mkdir(exist_ok=True)
+            save_rng(_rng_state(), tmp / "rng" / f"rank{dist.get_rank()}.safetensors")
+            dist.barrier()  # every rank's files are in place before rank 0 lists them
+            if dist.get_rank() == 0:
+                write_manifest(tmp)  # sizes and checksums, verified before a resume
+    except BaseException as e:  # torch's CheckpointException is a BaseException
+        # the temp folder is gone, the previous checkpoint untouched: say so in one line
+        if not isinstance(e, KeyboardInterrupt | SystemExit) and disk_full(e):
+            raise full_disk_error(final, previous) from None
+        raise
     logger.info("saved checkpoint %s", final)
     return final
 
@@ -114,6 +125,7 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
+    screen_checkpoint(path)  # no pickle from a checkpoint runs code (a one-line refusal naming the file)
     mismatch = spec_mismatch(path, actor.opts) if hasattr(actor, "opts") else None
     if mismatch:  # Megatron maps most keys across specs; say so now, and name both if the load fails
         logger.warning("%s", mismatch)
@@ -141,9 +153,9 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
                 g["max_lr"], g["min_lr"] = max_lr, min_lr
         _load_scheduler(actor.scheduler, loaded["scheduler"])
     actor.steps_done = int(loaded["steps_done"])
-    rng = path / "rng" / f"rank{dist.get_rank()}.pt"
-    if int(loaded["world_size"]) == dist.get_world_size() and rng.exists():
-        _set_rng_state(torch.load(rng, weights_only=False))
+    rng = load_rng(path / "rng", dist.get_rank())
+    if int(loaded["world_size"]) == dist.get_world_size() and rng is not None:
+        _set_rng_state(rng)
     else:
         logger.info("checkpoint world size %s != %s: RNG state not restored", loaded["world_size"],
                     dist.get_world_size())

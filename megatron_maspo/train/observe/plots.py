@@ -33,8 +33,6 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         return []
     out_dir = run_dir / "plots"
     out_dir.mkdir(exist_ok=True)
-    gate_keys = sorted({k for r in recs for k in r if k.startswith(("maspo/", "sapo/", "clip/", "gate/"))
-                        and ("frac" in k or "mean" in k)})[:8]
     written = []
     panels = [(k, t) for k, t in PANELS if any(r.get(k) is not None for r in recs)]
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(4.2 * max(len(panels), 1), 3.2))
@@ -67,18 +65,8 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         fig.savefig(p, dpi=110)
         plt.close(fig)
         written.append(p)
-    if gate_keys:
-        fig, ax = plt.subplots(figsize=(6.5, 3.6))
-        for k in gate_keys:
-            xs = [r["step"] for r in recs if r.get(k) is not None]
-            ax.plot(xs, [r[k] for r in recs if r.get(k) is not None], label=k, lw=1.2)
-        ax.set_xlabel("rollout step")
-        ax.set_title("gate statistics", fontsize=9)
-        ax.legend(fontsize=6)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        p = out_dir / "gate.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
+    from megatron_maspo.train.observe.gate_plot import plot_gate
+
+    if (p := plot_gate(recs, out_dir / "gate.png", plt)) is not None:
         written.append(p)
     return written

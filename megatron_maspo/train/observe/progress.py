@@ -2,7 +2,8 @@
 each long phase (generation, grading, update), on rank 0 and only when the console is a terminal.
 
 Elsewhere (CI, a log file, ranks > 0) nothing here draws, and the trainer prints its one plain line
-per step as before. Components report through plain callables, so the rollout engine, the grader
+per step as before; phases run through :meth:`Progress.iterate` (the warm start) print a plain status
+line on rank 0 every ``status_every_s`` instead, so a pipe is not silent for a minute. Components report through plain callables, so the rollout engine, the grader
 and the actor depend on nothing in this module::
 
     with Progress(total=steps, initial=done, enabled=rank == 0) as progress:
@@ -53,6 +54,9 @@ class Progress(contextlib.AbstractContextManager):
                  stream: IO[str] | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.active = enabled and is_terminal(self.stream)
+        self.enabled = enabled
+        self.status_every_s = 10.0
+        """Without a terminal: seconds between plain status lines of an :meth:`iterate` phase."""
         self._bar: Any = None
         self._redirect: contextlib.ExitStack | None = None
         self._total, self._initial = total, initial
@@ -112,6 +116,10 @@ class Progress(contextlib.AbstractContextManager):
 
     def iterate(self, iterable: Any, name: str, total: int | None = None, unit: str = "it") -> Iterator:
         """``iterable`` with a phase bar advanced once per item (e.g. the SFT warm start's steps)."""
+        if not self.active:
+            yield from self._plain_status(iterable, name.strip(), total if total is not None else _len(iterable),
+                                          unit)
+            return
         with self.phase(name, total if total is not None else _len(iterable), unit) as advance:
             for item in iterable:
                 yield item
@@ -128,6 +136,22 @@ class Progress(contextlib.AbstractContextManager):
                 print(line, file=sys.stdout, flush=True)
         if self._bar is not None:
             self._bar.update(1)
+
+
+    def _plain_status(self, iterable: Any, name: str, total: int | None, unit: str) -> Iterator:
+        """``iterable``, printing ``name: k/total unit`` now and then (no terminal, rank 0 only)."""
+        import time
+
+        t0 = last = time.monotonic()
+        of = f"/{total}" if total is not None else ""
+        if self.enabled:
+            print(f"{name}: 0{of} {unit} ...", file=self.stream, flush=True)
+        for k, item in enumerate(iterable, 1):
+            yield item
+            now = time.monotonic()
+            if self.enabled and now - last >= self.status_every_s:
+                print(f"{name}: {k}{of} {unit} ({now - t0:.0f} s)", file=self.stream, flush=True)
+                last = now
 
 
 def _len(iterable: Any) -> int | None:

@@ -85,5 +85,5 @@ def test_chat_template_and_prompt_dataset() -> None:
     )
     assert skips.counts["too_long"] == sum(n > cap for n in lengths) > 0
     assert len(exs) == sum(n <= cap for n in lengths) and all(len(e.prompt_ids) <= cap for e in exs)
-    with pytest.raises(ValueError, match="no usable examples"):
+    with pytest.raises(ValueError, match="no usable row"):
         build_prompt_dataset(DataConfig(num_examples=4, max_prompt_tokens=5), tok)

@@ -18,7 +18,7 @@ from megatron_maspo.launch.plan_cp import (
 )
 from megatron_maspo.parallel.config import ParallelConfig
 from megatron_maspo.recipes.registry import load_recipe
-from megatron_maspo.train.loop import check_layout_supported
+from megatron_maspo.train.preflight import check_layout_supported
 
 
 def test_config_takes_cp_into_the_layout():

@@ -23,7 +23,7 @@ from megatron_maspo.launch.requeue import (
     requeue_if_unfinished,
 )
 from megatron_maspo.launch.slurm_job import JobRecord, parse_scontrol, read_record, write_record
-from megatron_maspo.train.loop import check_run_dir
+from megatron_maspo.train.preflight import check_run_dir
 from megatron_maspo.train.process.distributed import rank_env_from_slurm
 
 REPO = Path(__file__).resolve().parents[3]

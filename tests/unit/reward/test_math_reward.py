@@ -129,7 +129,8 @@ def test_pathological_batch_within_time_limit(reward: MathReward) -> None:
 
 
 def test_crash_hang_raise_and_memory_bomb_are_survived_and_counted() -> None:
-    cfg = RewardConfig(num_workers=2, timeout_s=3.0)
+    # 6 of 8 items fail on purpose: no batch deadline or bad-fraction stop here (test_grader_contract.py).
+    cfg = RewardConfig(num_workers=2, timeout_s=3.0, grading_budget_s=30.0, max_bad_fraction=1.0)
     with MathReward(cfg, grade_fn=crash_or_grade) as reward:
         responses = [
             "CRASH",

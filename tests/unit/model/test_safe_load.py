@@ -1,0 +1,79 @@
+"""Checkpoint pickles are screened, never run: crafted ``*.pt`` and ``.metadata`` files are refused in one
+line naming the file, and the RNG state round-trips through safetensors (real torch files, no mocks)."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_maspo.errors import InputError
+from megatron_maspo.model.safe_load import load_rng, save_rng, screen_checkpoint, screen_metadata
+
+
+class _Evil:
+    """Unpickling this creates ``marker``: the proof that a load ran code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def _rng_state() -> dict:
+    return {"cpu": torch.get_rng_state(), "cuda": None,
+            "tracker": {"model-parallel-rng": torch.get_rng_state()}}
+
+
+def test_rng_round_trips_through_safetensors(tmp_path):
+    st = _rng_state()
+    save_rng(st, tmp_path / "rank0.safetensors")
+    back = load_rng(tmp_path, 0)
+    assert torch.equal(back["cpu"], st["cpu"]) and back["cuda"] is None
+    assert torch.equal(back["tracker"]["model-parallel-rng"], st["cpu"])
+    assert load_rng(tmp_path, 1) is None  # another rank's file is absent: nothing to restore
+
+
+def test_an_old_plain_rng_pt_still_loads(tmp_path):
+    torch.save(_rng_state(), tmp_path / "rank0.pt")
+    assert torch.equal(load_rng(tmp_path, 0)["cpu"], torch.get_rng_state())
+
+
+@pytest.mark.parametrize("name", ["rng/rank0.pt", "common.pt"])
+def test_a_code_running_pt_is_refused_without_running(tmp_path, name):
+    marker = tmp_path / "ran"
+    (tmp_path / "rng").mkdir()
+    torch.save({"x": _Evil(marker)}, tmp_path / name)
+    with pytest.raises(InputError) as e:
+        screen_checkpoint(tmp_path)
+    assert not marker.exists()
+    msg = str(e.value)
+    assert "\n" not in msg and str(tmp_path / name) in msg and "refused" in msg, msg
+    if name.startswith("rng"):
+        with pytest.raises(InputError, match="rank0.pt"):
+            load_rng(tmp_path / "rng", 0)
+        assert not marker.exists()
+
+
+def test_a_real_dcp_metadata_passes_and_a_crafted_one_is_refused(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save({"w": torch.randn(3, 4), "n": torch.tensor(3), "extra": b"bytes"},
+                 checkpoint_id=str(tmp_path / "ok"))
+    screen_checkpoint(tmp_path / "ok")  # what torch writes is accepted
+    marker = tmp_path / "ran"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / ".metadata").write_bytes(pickle.dumps(_Evil(marker)))
+    with pytest.raises(InputError, match=r"\.metadata: refused, its pickle names io\.open"):
+        screen_metadata(bad / ".metadata")
+    assert not marker.exists()
+    # a dotted name reaching through a torch module to os.system is refused too
+    (bad / ".metadata").write_bytes(
+        b"\x80\x04\x8c%torch.distributed.checkpoint.filesystem\x94\x8c\tos.system\x94\x93\x94.")
+    with pytest.raises(InputError, match="refused"):
+        screen_metadata(bad / ".metadata")
