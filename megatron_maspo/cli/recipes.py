@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def recipe_lines() -> list[tuple[str, str]]:
     """``[(name, first line of its docstring)]`` for every packaged recipe; read, not imported."""
     import megatron_maspo.recipes as pkg
-    from megatron_maspo.config import list_recipes
+    from megatron_maspo.recipes.registry import list_recipes
 
     folder = Path(pkg.__file__).parent
     out = []

@@ -39,6 +39,7 @@ from megatron_maspo.model.ckpt_manifest import (
 )
 from megatron_maspo.model.safe_load import load_rng, save_rng, screen_checkpoint
 from megatron_maspo.model.spec_record import spec_mismatch, write_spec_record
+from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.device import on_cuda
 from megatron_maspo.parallel.orphans import prepare_child_processes
 
@@ -93,7 +94,7 @@ def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict
                 write_spec_record(tmp, actor.opts)
             (tmp / "rng").mkdir(exist_ok=True)
             save_rng(_rng_state(), tmp / "rng" / f"rank{dist.get_rank()}.safetensors")
-            dist.barrier()  # every rank's files are in place before rank 0 lists them
+            comm.barrier()  # every rank's files are in place before rank 0 lists them
             if dist.get_rank() == 0:
                 write_manifest(tmp)  # sizes and checksums, verified before a resume
     except BaseException as e:  # torch's CheckpointException is a BaseException

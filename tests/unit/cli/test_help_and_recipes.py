@@ -6,7 +6,7 @@ import re
 
 from megatron_maspo.cli.main import build_parser, main, plain_text
 from megatron_maspo.cli.recipes import recipe_lines
-from megatron_maspo.config import list_recipes
+from megatron_maspo.recipes.registry import list_recipes
 
 
 def test_plain_text_drops_markup():

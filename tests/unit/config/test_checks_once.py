@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from megatron_maspo.cli.common import launcher_overrides
-from megatron_maspo.config import resolve_config
 from megatron_maspo.errors import ConfigError
+from megatron_maspo.recipes.registry import resolve_config
 
 
 @pytest.mark.parametrize("order", [
