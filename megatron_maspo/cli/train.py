@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from megatron_maspo.launch.requeue import auto_resume, requeue_if_unfinished
     from megatron_maspo.train.loop import check_layout_supported, check_run_dir, train
 
-    check_layout_supported(cfg.parallel)
+    check_layout_supported(cfg.parallel, cfg.model, cfg.loss)
     resume = bool(args.resume) or auto_resume(cfg)
     check_run_dir(cfg.checkpoint.run_dir, resume=resume)
 

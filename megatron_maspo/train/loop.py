@@ -96,15 +96,25 @@ def check_run_dir(run_dir: str | Path, *, resume: bool) -> list[Path]:
     return ckpts
 
 
-def check_layout_supported(parallel: ParallelConfig) -> None:
-    """Refuse, with a one-line ConfigError, layouts the planner models but the trainer does not build.
+def check_layout_supported(parallel: ParallelConfig, model=None, loss=None) -> None:
+    """Refuse, with a one-line ConfigError naming the field, layouts the trainer does not build.
 
-    Context parallelism (``parallel.cp > 1``) needs context-parallel attention (TE ring attention and
-    the CP split of packed rows in the data path), which this trainer does not build.
+    Context parallelism (``parallel.cp > 1``) splits each sequence's tokens over CP ranks, so it
+    needs the packed (thd) attention paths and losses whose terms are per token: sequence-level
+    aggregation and statistics (they read a whole sequence on one rank) and routing replay (its
+    targets are per full row) are refused with it. ``model`` and ``loss`` are the config sections.
     """
-    if parallel.cp > 1:
-        raise ConfigError(f"parallel.cp={parallel.cp}: the trainer does not support context parallelism "
-                          "(cp > 1) yet; `maspo plan` models it for sizing only. Use parallel.cp=1")
+    if parallel.cp == 1:
+        return
+    if model is not None and model.attention_backend == "dense_mask":
+        raise ConfigError(f"parallel.cp={parallel.cp} needs model.attention_backend 'packed_sdpa' or 'te' "
+                          "(the dense mask is one [S, S] tensor per row; it does not split)")
+    if model is not None and model.routing_replay != "off":
+        raise ConfigError(f"model.routing_replay={model.routing_replay!r} is not supported with "
+                          f"parallel.cp={parallel.cp} (replay targets are per full row); use 'off'")
+    if loss is not None and loss.effective_aggregation != "token-mean":
+        raise ConfigError(f"loss.aggregation={loss.effective_aggregation!r} with parallel.cp={parallel.cp}: "
+                          "a sequence's tokens are split over CP ranks; use 'token-mean'")
 
 
 class Trainer:
@@ -112,7 +122,7 @@ class Trainer:
 
     def __init__(self, cfg: MaspoConfig, *, resume: bool = False) -> None:
         check_combinations(cfg)  # ValueError; the CLI has already run it (as a ConfigError)
-        check_layout_supported(cfg.parallel)
+        check_layout_supported(cfg.parallel, cfg.model, cfg.loss)
         ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)  # before the model is built
         self.rank, world = setup_distributed()
         if world != cfg.parallel.world_size:
@@ -120,7 +130,7 @@ class Trainer:
         self.cfg = cfg
         _seed_everything(cfg.train.seed, cfg.train.deterministic)
         p = cfg.parallel
-        self.groups = init_parallel(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, seed=cfg.train.seed)
+        self.groups = init_parallel(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, cp=p.cp, seed=cfg.train.seed)
         self.run_dir = Path(cfg.checkpoint.run_dir)
         self.faults = faults.FaultInjector(faults.configured(), self.rank)
         self.tokenizer, self.spec, init = build_policy_source(cfg, self.groups)
@@ -189,7 +199,7 @@ class Trainer:
         """
         g = self.groups
         out: dict[str, float] = {}
-        if g.is_last_stage and g.tp_rank == 0 and g.dp_rank == 0:
+        if g.is_last_stage and g.tp_rank == 0 and g.cp_rank == 0 and g.dp_rank == 0:
             usable = [s for s in samples if s.old_logprobs is not None and s.rollout_logprobs is not None
                       and len(s.old_logprobs)]
             fresh = [s for s in usable if s.policy_version == self.version]
@@ -201,8 +211,9 @@ class Trainer:
                 ro = torch.cat([torch.tensor(s.rollout_logprobs[: len(s.old_logprobs)]) for s in part])
                 out.update({prefix + k.removeprefix("mismatch/"): float(v)
                             for k, v in mismatch_metrics(tr, ro, torch.ones_like(tr)).items()})
-        # Megatron orders ranks tp-cp-ep-dp-pp: (last stage, dp 0, tp 0) is global rank (pp-1)*tp*dp.
-        return comm.broadcast_object(out, src=(g.pp - 1) * g.tp * g.dp)
+        # Megatron orders ranks tp-cp-ep-dp-pp: (last stage, dp 0, cp 0, tp 0) is global rank
+        # (pp-1)*tp*cp*dp.
+        return comm.broadcast_object(out, src=(g.pp - 1) * g.tp * g.cp * g.dp)
 
     def sync(self) -> float:
         """Push the actor's weights into every engine (collective over all ranks); returns seconds on

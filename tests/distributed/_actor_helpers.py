@@ -125,7 +125,8 @@ def _gather_sharded_grads(actor: MegatronActor) -> None:
 def full_tensors(actor: MegatronActor, *, grads: bool) -> dict[str, torch.Tensor]:
     """Every parameter (or its main_grad) merged over TP/EP/PP, keyed by global name, on all ranks."""
     groups, spec = actor.groups, actor.spec
-    if grads and actor.cfg.parallel.distributed_optimizer and groups.dp > 1:
+    dist_opt = getattr(getattr(actor.optimizer, "config", None), "use_distributed_optimizer", False)
+    if grads and dist_opt and groups.dp > 1:
         _gather_sharded_grads(actor)
     local: dict[str, torch.Tensor] = {}
     for c in actor.chunks:
