@@ -78,7 +78,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_maspo.launch.plan_cp import (
-    TRAINER_REFUSES,
     RingLoad,
     ring_exposed_seconds,
     ring_link_gb_s,
@@ -394,11 +393,16 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
         reasons.append(f"world size {world} is not divisible by {what} = {lay.tp * lay.pp * lay.cp}")
         return Plan(layout=lay, world=world, dp=0, reasons=reasons)
     dp = world // (lay.tp * lay.pp * lay.cp)
-    if lay.cp > 1:
-        reasons.append(TRAINER_REFUSES.format(cp=lay.cp))
-        if cfg.model.attention_backend != "te":
-            reasons.append(f"parallel.cp={lay.cp} needs model.attention_backend='te' (ring attention is a "
-                           f"TransformerEngine kernel), got {cfg.model.attention_backend!r}")
+    if lay.cp > 1:  # the trainer's own check: what CP cannot split (dense mask, sequence-level losses)
+        from megatron_maspo.errors import ConfigError
+        from megatron_maspo.parallel.config import ParallelConfig
+        from megatron_maspo.train.loop import check_layout_supported
+
+        try:
+            check_layout_supported(ParallelConfig(tp=lay.tp, pp=lay.pp, cp=lay.cp, world_size=world),
+                                   cfg.model, cfg.loss)
+        except ConfigError as e:
+            reasons.append(str(e))
     if lay.tp > gpus_per_node:
         reasons.append(f"tp={lay.tp} spans nodes (gpus_per_node={gpus_per_node}); keep TP inside NVLink")
     if dp % lay.ep:

@@ -74,8 +74,3 @@ def ring_exposed_seconds(r: RingLoad, *, link_gb_s: float, latency_s: float,
 def ring_link_gb_s(tp: int, cp: int, gpus_per_node: int, *, intra_gb_s: float, inter_gb_s: float) -> float:
     """The ring's bandwidth: NVLink when a row's tp x cp ranks fit in one node, else the inter-node link."""
     return intra_gb_s if tp * cp <= gpus_per_node else inter_gb_s
-
-
-TRAINER_REFUSES = ("parallel.cp={cp}: the trainer refuses context parallelism today (ConfigError at "
-                   "start-up); these figures model what CP would cost, for sizing only")
-"""The plan's reason line for cp > 1 (train/loop.py:check_layout_supported raises the ConfigError)."""

@@ -61,6 +61,7 @@ def results(tmp_path_factory) -> dict:
     return run_workers(_worker, 2, str(tmp_path_factory.mktemp("cp_ckpt")))[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["2to1", "1to2"])
 def test_checkpoint_moves_between_cp_sizes(results, case):
     saved, loaded = results[case]
