@@ -413,8 +413,10 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     # Longer prompts are skipped by the data loader (data.*) or truncated (train.*): the smaller bounds.
     max_prompt = cfg.data.max_prompt_tokens
     seq_max = max_prompt + ro.max_new_tokens
-    if seq_max > tr.max_tokens_per_micro_batch:
-        reasons.append(f"train.max_tokens_per_micro_batch={tr.max_tokens_per_micro_batch} < max prompt + "
+    row = tr.max_tokens_per_micro_batch * lay.cp  # the budget counts tokens per CP rank (as the trainer)
+    if seq_max > row:
+        what = "" if lay.cp == 1 else f" x cp {lay.cp}"
+        reasons.append(f"train.max_tokens_per_micro_batch={tr.max_tokens_per_micro_batch}{what} < max prompt + "
                        f"rollout.max_new_tokens = {seq_max}: a full-length sequence fits no micro-batch")
     if seq_max > spec.max_position_embeddings:
         reasons.append(f"sequence length {seq_max} exceeds max_position_embeddings={spec.max_position_embeddings}")
@@ -437,14 +439,14 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
         reasons.append(f"mean response {avg_resp:.0f} tokens > longest response {tail:.0f}")
     avg_seq = avg_prompt + avg_resp
     tokens_per_rank_mini = seqs_per_mini * avg_seq / dp
-    n_micro = max(1, math.ceil(tokens_per_rank_mini / tr.max_tokens_per_micro_batch))
+    n_micro = max(1, math.ceil(tokens_per_rank_mini / row))
     inflight = min(lay.pp, n_micro)
     if lay.vpp:
         inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
     backend = cfg.model.attention_backend
     sp = backend == "te" and lay.tp > 1
     per_layer = activation_bytes(spec, lay.tp, lay.recompute, elt, sp)
-    n_tok = tr.max_tokens_per_micro_batch // lay.cp  # this GPU's share of a row under context parallelism
+    n_tok = row // lay.cp  # this GPU's share of a row under context parallelism
     act = inflight * (spec.num_layers // lay.pp) * n_tok * per_layer
     if lay.recompute == "full":
         act += n_tok * activation_bytes(spec, lay.tp, None, elt, sp)
@@ -493,7 +495,7 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     f_exp = 2 * expert_active_params(spec) * n_seqs * avg_seq
     peak = world * hw.peak_tflops * 1e12
     fwd_s = (f_fwd - f_exp) / (peak * hw.mfu) + f_exp / (peak * hw.moe_expert_mfu)
-    ring_f, ring_b = _cp_ring(spec, lay, tr.max_tokens_per_micro_batch, avg_seq, elt, hw, gpus_per_node)
+    ring_f, ring_b = _cp_ring(spec, lay, row, avg_seq, elt, hw, gpus_per_node)
     ring_fwd = ring_f * n_micro * tr.mini_batches_per_step * (spec.num_layers // lay.pp)
     ring_bwd = ring_b * n_micro * tr.mini_batches_per_step * (spec.num_layers // lay.pp)
     old_lp = (fwd_s + ring_fwd) * (2 if has_ref else 1)

@@ -143,8 +143,8 @@ class MegatronActor:
         self._at_old_policy = False  # parameters still equal π_old's (ρ = 1): set by the recompute
 
     # ------------------------------------------------------------------ planning
-    def plan(self, samples: Sequence[Sample]) -> tuple[list[MiniBatchPlan], list[int], PackStats]:
-        """Mini-batch plans of this rank, trained response lengths and packing counters.
+    def _packing(self) -> tuple[int, dict]:
+        """(trim length, ``plan_mini_batch`` keywords) of this actor's layout.
 
         At ``cp > 1`` the budget counts tokens per CP rank: a row holds ``budget·cp`` tokens, each
         sequence padded to a multiple of ``2·cp`` (and the row, with sequence parallelism, to a
@@ -153,15 +153,24 @@ class MegatronActor:
         cp, tp = self.groups.cp, self.groups.tp
         m = 2 * cp if cp > 1 else 1
         budget = self.train_cfg.max_tokens_per_micro_batch * cp
-        resp_lens, stats = trim_lengths(samples, budget // m * m)
-        minis = split_mini_batches(samples, self.train_cfg.mini_batches_per_step)
         row = cp * tp if self.opts.sequence_parallel else 1
         row = row * m // math.gcd(row, m)  # lcm: filler segments stay multiples of 2·cp
-        plans = [plan_mini_batch(samples, idx, resp_lens, dp=self.groups.dp,
-                                 dp_rank=self.groups.dp_rank, budget=budget,
-                                 equal_rows=self._equal_rows, row_multiple=row, seq_multiple=m)
-                 for idx in minis]
+        return budget // m * m, dict(dp=self.groups.dp, dp_rank=self.groups.dp_rank, budget=budget,
+                                     equal_rows=self._equal_rows, row_multiple=row, seq_multiple=m)
+
+    def plan(self, samples: Sequence[Sample]) -> tuple[list[MiniBatchPlan], list[int], PackStats]:
+        """Mini-batch plans of this rank, trained response lengths and packing counters."""
+        trim, kw = self._packing()
+        resp_lens, stats = trim_lengths(samples, trim)
+        minis = split_mini_batches(samples, self.train_cfg.mini_batches_per_step)
+        plans = [plan_mini_batch(samples, idx, resp_lens, **kw) for idx in minis]
         return plans, resp_lens, stats
+
+    def plan_one(self, samples: Sequence[Sample]) -> MiniBatchPlan:
+        """One mini-batch holding every sample (the SFT warm start), packed for this layout."""
+        trim, kw = self._packing()
+        resp_lens, _ = trim_lengths(samples, trim)
+        return plan_mini_batch(samples, list(range(len(samples))), resp_lens, **kw)
 
     def _inputs(self, samples: Sequence[Sample], mb: PackedMicroBatch) -> MicroBatchInputs:
         dev = self.device
