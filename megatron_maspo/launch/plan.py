@@ -79,6 +79,7 @@ from typing import TYPE_CHECKING
 
 from megatron_maspo.launch.plan_cp import (
     RingLoad,
+    cp_trainer_reasons,
     ring_exposed_seconds,
     ring_link_gb_s,
 )
@@ -394,15 +395,7 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
         return Plan(layout=lay, world=world, dp=0, reasons=reasons)
     dp = world // (lay.tp * lay.pp * lay.cp)
     if lay.cp > 1:  # the trainer's own check: what CP cannot split (dense mask, sequence-level losses)
-        from megatron_maspo.errors import ConfigError
-        from megatron_maspo.parallel.config import ParallelConfig
-        from megatron_maspo.train.loop import check_layout_supported
-
-        try:
-            check_layout_supported(ParallelConfig(tp=lay.tp, pp=lay.pp, cp=lay.cp, world_size=world),
-                                   cfg.model, cfg.loss)
-        except ConfigError as e:
-            reasons.append(str(e))
+        reasons += cp_trainer_reasons(cfg, lay.tp, lay.pp, lay.cp, world)
     if lay.tp > gpus_per_node:
         reasons.append(f"tp={lay.tp} spans nodes (gpus_per_node={gpus_per_node}); keep TP inside NVLink")
     if dp % lay.ep:
@@ -415,8 +408,8 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     seq_max = max_prompt + ro.max_new_tokens
     row = tr.max_tokens_per_micro_batch * lay.cp  # the budget counts tokens per CP rank (as the trainer)
     if seq_max > row:
-        what = "" if lay.cp == 1 else f" x cp {lay.cp}"
-        reasons.append(f"train.max_tokens_per_micro_batch={tr.max_tokens_per_micro_batch}{what} < max prompt + "
+        per_rank = "" if lay.cp == 1 else f" x cp {lay.cp}"
+        reasons.append(f"train.max_tokens_per_micro_batch={tr.max_tokens_per_micro_batch}{per_rank} < max prompt + "
                        f"rollout.max_new_tokens = {seq_max}: a full-length sequence fits no micro-batch")
     if seq_max > spec.max_position_embeddings:
         reasons.append(f"sequence length {seq_max} exceeds max_position_embeddings={spec.max_position_embeddings}")

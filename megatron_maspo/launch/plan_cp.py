@@ -74,3 +74,16 @@ def ring_exposed_seconds(r: RingLoad, *, link_gb_s: float, latency_s: float,
 def ring_link_gb_s(tp: int, cp: int, gpus_per_node: int, *, intra_gb_s: float, inter_gb_s: float) -> float:
     """The ring's bandwidth: NVLink when a row's tp x cp ranks fit in one node, else the inter-node link."""
     return intra_gb_s if tp * cp <= gpus_per_node else inter_gb_s
+
+
+def cp_trainer_reasons(cfg, tp: int, pp: int, cp: int, world: int) -> list[str]:
+    """The trainer's refusals of a CP layout (``train/loop.py::check_layout_supported``), as plan reasons."""
+    from megatron_maspo.errors import ConfigError
+    from megatron_maspo.parallel.config import ParallelConfig
+    from megatron_maspo.train.loop import check_layout_supported
+
+    try:
+        check_layout_supported(ParallelConfig(tp=tp, pp=pp, cp=cp, world_size=world), cfg.model, cfg.loss)
+    except ConfigError as e:
+        return [str(e)]
+    return []

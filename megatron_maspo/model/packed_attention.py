@@ -167,7 +167,7 @@ class PackedSDPAttention(MegatronModule):
         kv = gather_cp(torch.cat([k, v], dim=1), self.cp_group)  # [S, 2·n_g, d], rank order
         kv = kv.index_select(0, cp_gather_order(bounds, cp).to(kv.device))  # global order
         outs = []
-        for (a, b), (la, lb) in zip(zip(bounds[:-1], bounds[1:]), zip(loc[:-1], loc[1:])):
+        for a, b, la in zip(bounds[:-1], bounds[1:], loc[:-1]):
             if b <= a:
                 continue
             c = (b - a) // (2 * cp)

@@ -39,7 +39,12 @@ from megatron_maspo.parallel.config import ParallelConfig
 from megatron_maspo.parallel.device import default_device
 from megatron_maspo.parallel.groups import ParallelGroups
 from megatron_maspo.train.actor.batch_stats import prepare_batch_stats
-from megatron_maspo.train.actor.cp_split import cp_share, local_micro_batch, select_tokens, unsplit_tokens
+from megatron_maspo.train.actor.cp_split import (
+    cp_share,
+    local_micro_batch,
+    select_tokens,
+    unsplit_tokens,
+)
 from megatron_maspo.train.actor.forward import (
     MicroBatchInputs,
     StepContext,
