@@ -12,8 +12,12 @@ The row packs sequences of unequal length (1,536 / 512 / 1,024 / 1,024 tokens, r
 half of each is its response. Doubling the row doubles the sequences: the packed path's memory is
 linear in S, the dense path's attention term grows 4x.
 
+``--cp N`` runs ``packed_sdpa`` with context parallelism over N gloo ranks instead: each rank holds
+its two chunks of every sequence (the pattern's lengths divide by 2N) and the response positions it
+predicts; the figure is the largest rank's extra peak.
+
 Usage (Linux: needs /proc): ``OMP_NUM_THREADS=1 python scripts/bench_packed_attention.py
-[--lengths 4096 8192] [--backends dense_mask packed_sdpa] [--layers 2]``
+[--lengths 4096 8192] [--backends dense_mask packed_sdpa] [--layers 2] [--cp 2]``
 """
 
 from __future__ import annotations
@@ -50,9 +54,11 @@ def row_lengths(total: int) -> list[int]:
     return out
 
 
-def _step(model, backend: str, lens: list[int], vocab: int) -> None:
-    """One forward+backward of the actor's pass on a packed row of sequences ``lens``."""
+def _step(model, backend: str, lens: list[int], vocab: int, cp: int = 1, cp_rank: int = 0) -> None:
+    """One forward+backward of the actor's pass on a packed row of sequences ``lens`` (at ``cp > 1``
+    this CP rank's share of it)."""
     from megatron_maspo.model.packed_attention import build_packed_seq_params
+    from megatron_maspo.parallel.context_parallel import cp_local_positions, cp_owner
     from megatron_maspo.parallel.logprobs import vocab_parallel_logprobs_from_hidden
     from megatron_maspo.train.actor.forward import hidden_output, output_weight
     from megatron_maspo.train.actor.packing import block_causal_mask, cu_seqlens
@@ -63,13 +69,18 @@ def _step(model, backend: str, lens: list[int], vocab: int) -> None:
     pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
     bounds = cu_seqlens(lens)
     rows = torch.cat([torch.arange(a + (b - a) // 2 - 1, b - 1) for a, b in zip(bounds[:-1], bounds[1:])])
+    labels = ids[0, rows + 1]
+    if cp > 1:  # this rank's rows, and the response positions it predicts (at local rows)
+        held = cp_local_positions(bounds, cp, cp_rank)
+        owner, local = cp_owner(rows, bounds, cp)
+        ids, pos, rows, labels = ids[:, held], pos[:, held], local[owner == cp_rank], labels[owner == cp_rank]
     with hidden_output([model]):
         if backend == "dense_mask":
             out = model(ids, pos, block_causal_mask(lens))
         else:
             out = model(ids, pos, None, packed_seq_params=build_packed_seq_params(bounds))
         lp, _ = vocab_parallel_logprobs_from_hidden(out[0].index_select(0, rows), output_weight(model),
-                                                    ids[0, rows + 1], None, vocab_size=vocab)
+                                                    labels, None, vocab_size=vocab)
         (-lp.mean()).backward()
 
 
@@ -78,15 +89,15 @@ def _worker(rank: int, world: int, backend: str, seq: int, layers: int) -> dict:
     from megatron_maspo.parallel.groups import init_parallel
 
     spec = _spec(layers)
-    init_parallel(tp=1, pp=1, seed=0)
-    model = build_model_chunks(spec, ModelBuildOptions(attention_backend=backend), pp_rank=0)[0]
-    _step(model, backend, [128, 128], spec.vocab_size)  # warm-up: grads allocated, kernels loaded
+    init_parallel(tp=1, pp=1, cp=world, seed=0)  # world > 1: every rank is one CP rank
+    model = build_model_chunks(spec, ModelBuildOptions(attention_backend=backend, cp=world), pp_rank=0)[0]
+    _step(model, backend, [128, 128], spec.vocab_size, world, rank)  # warm-up: grads, kernels
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak-RSS counter (VmHWM) to the current RSS
     base = _kib("VmRSS")
     t0 = time.perf_counter()
-    _step(model, backend, row_lengths(seq), spec.vocab_size)
+    _step(model, backend, row_lengths(seq), spec.vocab_size, world, rank)
     dt = time.perf_counter() - t0
     return {"extra_mib": (_kib("VmHWM") - base) / 1024, "seconds": dt}
 
@@ -96,11 +107,18 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192])
     ap.add_argument("--backends", nargs="+", default=["dense_mask", "packed_sdpa"])
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--cp", type=int, default=1, help="context-parallel ranks (packed_sdpa only)")
     args = ap.parse_args()
-    res = {(b, s): run_workers(_worker, 1, b, s, args.layers)[0] for b in args.backends
+    if args.cp > 1 and args.backends != ["packed_sdpa"]:
+        args.backends = ["packed_sdpa"]  # the dense mask does not split over CP ranks
+
+    def worst(rows: list[dict]) -> dict:
+        return max(rows, key=lambda r: r["extra_mib"])
+
+    res = {(b, s): worst(run_workers(_worker, args.cp, b, s, args.layers)) for b in args.backends
            for s in args.lengths}
-    print(f"model: {args.layers} layers, hidden 128, 4 heads / 2 KV groups x 32, fp32, 1 rank; "
-          f"row = sequences of {PATTERN} tokens repeated")
+    print(f"model: {args.layers} layers, hidden 128, 4 heads / 2 KV groups x 32, fp32, cp={args.cp} "
+          f"(largest rank); row = sequences of {PATTERN} tokens repeated")
     head = "| backend | " + " | ".join(f"S={s:,}: extra MiB (s)" for s in args.lengths)
     print(head + f" | growth x{args.lengths[-1] / args.lengths[0]:g} length |")
     print("|" + "---|" * (len(args.lengths) + 2))

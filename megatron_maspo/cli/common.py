@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -35,7 +36,11 @@ def config_from_args(args: argparse.Namespace):
     from megatron_maspo.config import dump_yaml
     from megatron_maspo.recipes.registry import resolve_config
 
-    cfg = resolve_config(args.recipe, args.config, args.overrides)
+    overrides = list(args.overrides or [])
+    world = os.environ.get("WORLD_SIZE")  # under torchrun: the world the layout must divide
+    if world and not any(o.split("=", 1)[0].strip() == "parallel.world_size" for o in overrides):
+        overrides.insert(0, f"parallel.world_size={int(world)}")
+    cfg = resolve_config(args.recipe, args.config, overrides)
     if args.print_config:
         sys.stdout.write(dump_yaml(cfg))
         raise SystemExit(0)

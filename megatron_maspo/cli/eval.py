@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     rank, world = setup_distributed()
     cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, world_size=world))
     p = cfg.parallel
-    groups = init_parallel(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, seed=cfg.train.seed)
+    groups = init_parallel(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, cp=p.cp, seed=cfg.train.seed)
     try:
         tok, spec, init = build_policy_source(cfg, groups)
         # weights only: no DDP gradient buffer, no optimizer, no fp32 master copy

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from megatron_maspo.launch.requeue import auto_resume, requeue_if_unfinished
     from megatron_maspo.train.preflight import check_layout_supported, check_run_dir
 
-    check_layout_supported(cfg.parallel)
+    check_layout_supported(cfg.parallel, cfg.model, cfg.loss)
     from megatron_maspo.stack import refuse_broken_stack
 
     refuse_broken_stack()  # on a GPU: a known-broken torch/vLLM/TE set stops here, in one line

@@ -86,8 +86,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_maspo.launch.plan_cp import (
-    TRAINER_REFUSES,
     RingLoad,
+    cp_trainer_reasons,
     ring_exposed_seconds,
     ring_link_gb_s,
 )
@@ -179,11 +179,8 @@ def _layout_reasons(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, world: int,
         reasons.append(f"world size {world} is not divisible by {what} = {lay.tp * lay.pp * lay.cp}")
         return reasons, 0
     dp = world // (lay.tp * lay.pp * lay.cp)
-    if lay.cp > 1:
-        reasons.append(TRAINER_REFUSES.format(cp=lay.cp))
-        if cfg.model.attention_backend != "te":
-            reasons.append(f"parallel.cp={lay.cp} needs model.attention_backend='te' (ring attention is a "
-                           f"TransformerEngine kernel), got {cfg.model.attention_backend!r}")
+    if lay.cp > 1:  # the trainer's own check: what CP cannot split (dense mask, sequence-level losses)
+        reasons += cp_trainer_reasons(cfg, lay.tp, lay.pp, lay.cp, world)
     if lay.tp > gpus_per_node:
         reasons.append(f"tp={lay.tp} spans nodes (gpus_per_node={gpus_per_node}); keep TP inside NVLink")
     if dp % lay.ep:
@@ -225,8 +222,10 @@ def _shape(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, dp: int, hw: Assumptio
     # Longer prompts are skipped by the data loader (data.*) or truncated (train.*): the smaller bounds.
     max_prompt = cfg.data.max_prompt_tokens
     seq_max = max_prompt + ro.max_new_tokens
-    if seq_max > tr.max_tokens_per_micro_batch:
-        reasons.append(f"train.max_tokens_per_micro_batch={tr.max_tokens_per_micro_batch} < max prompt + "
+    row = tr.max_tokens_per_micro_batch * lay.cp  # the budget counts tokens per CP rank (as the trainer)
+    if seq_max > row:
+        per_rank = "" if lay.cp == 1 else f" x cp {lay.cp}"
+        reasons.append(f"train.max_tokens_per_micro_batch={tr.max_tokens_per_micro_batch}{per_rank} < max prompt + "
                        f"rollout.max_new_tokens = {seq_max}: a full-length sequence fits no micro-batch")
     if seq_max > spec.max_position_embeddings:
         reasons.append(f"sequence length {seq_max} exceeds max_position_embeddings={spec.max_position_embeddings}")
@@ -239,13 +238,13 @@ def _shape(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, dp: int, hw: Assumptio
     if avg_resp > tail:
         reasons.append(f"mean response {avg_resp:.0f} tokens > longest response {tail:.0f}")
     tokens_per_rank_mini = seqs_per_mini * (avg_prompt + avg_resp) / dp
-    n_micro = max(1, math.ceil(tokens_per_rank_mini / tr.max_tokens_per_micro_batch))
+    n_micro = max(1, math.ceil(tokens_per_rank_mini / row))
     inflight: float = min(lay.pp, n_micro)
     if lay.vpp:
         inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
     return _Shape(seq_max=seq_max, avg_prompt=avg_prompt, avg_resp=avg_resp, tail=tail,
                   n_seqs=tr.prompts_per_step * ro.group_size, n_micro=n_micro, inflight=inflight,
-                  n_tok=tr.max_tokens_per_micro_batch // lay.cp,
+                  n_tok=row // lay.cp,  # this GPU's share of a row under context parallelism
                   elt=2 if (cfg.model.bf16 or cfg.model.fp16) else 4,  # fp16 weights: 2 bytes too
                   has_ref=tr.reference_model or cfg.loss.kl_coef > 0)  # the actor builds one in either case
 
@@ -328,7 +327,8 @@ def _trainer_seconds(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, 
     # 1F1B pipeline bubble: (pp - 1) / (micro-batches x virtual stages) of each pass idles (Narayanan 2021)
     bubble = 1 + (lay.pp - 1) / (sh.n_micro * (lay.vpp or 1))
     fwd_s = ((f_fwd - f_exp) / (peak * mfu) + f_exp / (peak * hw.moe_expert_mfu)) * bubble
-    ring_f, ring_b = _cp_ring(spec, lay, tr.max_tokens_per_micro_batch, avg_seq, sh.elt, hw, gpus_per_node)
+    ring_f, ring_b = _cp_ring(spec, lay, tr.max_tokens_per_micro_batch * lay.cp, avg_seq, sh.elt, hw,
+                              gpus_per_node)
     ring_fwd = ring_f * sh.n_micro * tr.mini_batches_per_step * (spec.num_layers // lay.pp)
     ring_bwd = ring_b * sh.n_micro * tr.mini_batches_per_step * (spec.num_layers // lay.pp)
     old_lp = (fwd_s + ring_fwd) * (2 if sh.has_ref else 1)

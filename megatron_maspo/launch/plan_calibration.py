@@ -83,7 +83,7 @@ RUNS = (
                  ("model.arch=llama3.3-70b", "rollout.vllm_gpu_memory_utilization=0.6", "parallel.tp=4", "parallel.pp=4",
                   "parallel.cp=4", "model.attention_backend=te",
                   "rollout.vllm_tp=4", "rollout.max_new_tokens=15872",
-                  "train.max_tokens_per_micro_batch=16384"),
+                  "train.max_tokens_per_micro_batch=4096"),  # per CP rank: rows of 16k
                  749, _m(445, 64, 17, 287, 75)),
 )
 

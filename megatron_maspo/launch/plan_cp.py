@@ -76,6 +76,14 @@ def ring_link_gb_s(tp: int, cp: int, gpus_per_node: int, *, intra_gb_s: float, i
     return intra_gb_s if tp * cp <= gpus_per_node else inter_gb_s
 
 
-TRAINER_REFUSES = ("parallel.cp={cp}: the trainer refuses context parallelism today (ConfigError at "
-                   "start-up); these figures model what CP would cost, for sizing only")
-"""The plan's reason line for cp > 1 (train/loop.py:check_layout_supported raises the ConfigError)."""
+def cp_trainer_reasons(cfg, tp: int, pp: int, cp: int, world: int) -> list[str]:
+    """The trainer's refusals of a CP layout (``train/preflight.py::check_layout_supported``), as plan reasons."""
+    from megatron_maspo.errors import ConfigError
+    from megatron_maspo.parallel.config import ParallelConfig
+    from megatron_maspo.train.preflight import check_layout_supported
+
+    try:
+        check_layout_supported(ParallelConfig(tp=tp, pp=pp, cp=cp, world_size=world), cfg.model, cfg.loss)
+    except ConfigError as e:
+        return [str(e)]
+    return []

@@ -20,6 +20,16 @@ Rotary positions restart per sequence on the thd path through Megatron's own
 ``apply_rotary_pos_emb(..., cu_seqlens=...)`` (``attention.py`` calls it before this module), so
 nothing here touches positions.
 
+Context parallelism (``context_parallel_size = cp > 1``, thd only): ``cu_seqlens`` are the global
+bounds, each sequence padded to a multiple of ``2·cp``, and this rank holds chunks ``r`` and
+``2cp-1-r`` of every sequence (:mod:`megatron_maspo.parallel.context_parallel`; Megatron's thd
+rotary gives those rows their true positions). K and V of the row are all-gathered over the CP
+group once per layer (``[S, 2·n_g, d]``: linear in S, backward a reduce-scatter), and each local
+chunk ``j`` attends to its sequence's keys ``[0, (j+1)·c)`` with the causal diagonal aligned to
+the bottom right; query blocks of at most ``CP_QUERY_BLOCK`` rows bound the boolean mask to
+``[block, L]`` bytes, so no ``[S, S]`` tensor exists. Padding sits at the end of each sequence, so
+causality already hides it from every real token.
+
 Numerics: ``apply_query_key_layer_scaling`` divides the scale by ``layer_number`` and Megatron's
 softmax multiplies it back, so the effective scale is the plain ``softmax_scale`` used here. The
 kernels accumulate in fp32 whatever the input dtype. Dropout (0 in RL) is honoured; CPU's fused
@@ -42,16 +52,20 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
+from megatron_maspo.parallel.context_parallel import cp_gather_order, gather_cp, local_bounds
+
+CP_QUERY_BLOCK = 512
+"""Query rows per SDPA call on the CP path: the lower-right causal mask is ``[block, L]`` bool."""
+
 
 class PackedSDPAttention(MegatronModule):
     """Causal core attention per packed sequence through fused SDPA kernels; no ``[S, S]`` tensor.
 
-    Args: as Megatron-Core 0.16.1 ``DotProductAttention`` (``cp_comm_type`` is accepted and must
-    be None: context parallelism is not supported here).
+    Args: as Megatron-Core 0.16.1 ``DotProductAttention`` (``cp_comm_type`` is accepted and
+    ignored: at ``cp > 1`` K/V are always all-gathered, see the module docstring).
 
     Raises:
-        ValueError: a config this module does not implement (context parallelism, sliding
-            window, non-vanilla softmax).
+        ValueError: a config this module does not implement (sliding window, non-vanilla softmax).
     """
 
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
@@ -59,9 +73,6 @@ class PackedSDPAttention(MegatronModule):
                  softmax_scale: float | None = None, cp_comm_type: str | None = None,
                  pg_collection: Any = None) -> None:
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise ValueError("model.attention_backend='packed_sdpa' does not support context "
-                             "parallelism; use attention_backend='te'")
         if config.window_size is not None:
             raise ValueError("model.attention_backend='packed_sdpa' does not implement sliding-window "
                              f"attention (window_size={config.window_size})")
@@ -71,9 +82,15 @@ class PackedSDPAttention(MegatronModule):
         if pg_collection is None:
             from megatron.core.process_groups_config import ProcessGroupCollection
 
-            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+            required = ["tp", "cp"] if config.context_parallel_size > 1 else ["tp"]
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=required)
         self.pg_collection = pg_collection
         self.tp_group = pg_collection.tp
+        self.cp = config.context_parallel_size
+        self.cp_group = getattr(pg_collection, "cp", None) if self.cp > 1 else None
+        if self.cp > 1 and (self.cp_group is None or self.cp_group.size() != self.cp):
+            raise ValueError(f"context_parallel_size={self.cp} but the CP process group is missing "
+                             "or of another size")
         tp = self.tp_group.size()
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
@@ -118,6 +135,49 @@ class PackedSDPAttention(MegatronModule):
             outs.append(self._sdpa(qs, ks, vs, causal=causal)[0].transpose(0, 1))
         return torch.cat(outs, dim=0) if len(outs) > 1 else outs[0].contiguous()
 
+    def _lower_right(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of the *last* ``Lq`` key positions' queries: q ``[1, n_h, Lq, d]``,
+        k/v ``[1, n_g, Lk, d]`` (Lk >= Lq) → ``[1, n_h, Lq, d]``; query ``i`` sees keys
+        ``<= Lk - Lq + i``. Blocks of ``CP_QUERY_BLOCK`` rows keep the mask at ``[block, Lk]``."""
+        lq, lk = q.shape[2], k.shape[2]
+        if lq == lk:
+            return self._sdpa(q, k, v, causal=True)
+        outs = []
+        for q0 in range(0, lq, CP_QUERY_BLOCK):
+            q1 = min(lq, q0 + CP_QUERY_BLOCK)
+            end = lk - lq + q1  # keys past the block's last query are never seen
+            rows = torch.arange(lk - lq + q0, end, device=q.device).view(-1, 1)
+            mask = torch.arange(end, device=q.device).view(1, -1) <= rows  # True = attend
+            outs.append(self._sdpa(q[:, :, q0:q1], k[:, :, :end], v[:, :, :end], causal=False,
+                                   mask=mask))
+        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+    def _packed_cp(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   bounds: list[int]) -> torch.Tensor:
+        """CP rank ``r``'s queries over the gathered keys; q ``[t, n_h, d]``, k/v ``[t, n_g, d]``
+        with ``t = S/cp`` local rows, ``bounds`` the global padded cu_seqlens → ``[t, n_h, d]``."""
+        if self.attn_mask_type == AttnMaskType.no_mask:
+            raise ValueError("context parallelism on packed_sdpa implements causal attention only")
+        cp, r = self.cp, self.cp_group.rank()
+        loc = local_bounds(bounds, cp)
+        if loc[0] != 0 or loc[-1] != q.shape[0]:
+            raise ValueError(f"cu_seqlens (global, ÷cp={cp}) must run from 0 to the local packed "
+                             f"length {q.shape[0]}, got {loc[0]}..{loc[-1]}")
+        n_g = k.shape[1]
+        kv = gather_cp(torch.cat([k, v], dim=1), self.cp_group)  # [S, 2·n_g, d], rank order
+        kv = kv.index_select(0, cp_gather_order(bounds, cp).to(kv.device))  # global order
+        outs = []
+        for a, b, la in zip(bounds[:-1], bounds[1:], loc[:-1]):
+            if b <= a:
+                continue
+            c = (b - a) // (2 * cp)
+            kv_seq = kv[a:b].transpose(0, 1).unsqueeze(0)  # [1, 2·n_g, L, d]
+            for half, j in enumerate((r, 2 * cp - 1 - r)):
+                qs = q[la + half * c:la + (half + 1) * c].transpose(0, 1).unsqueeze(0)
+                ks, vs = kv_seq[:, :n_g, :(j + 1) * c], kv_seq[:, n_g:, :(j + 1) * c]
+                outs.append(self._lower_right(qs, ks, vs)[0].transpose(0, 1))
+        return torch.cat(outs, dim=0) if len(outs) > 1 else outs[0].contiguous()
+
     # ------------------------------------------------------------------ forward
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: torch.Tensor | None, attn_mask_type: AttnMaskType | None = None,
@@ -138,12 +198,17 @@ class PackedSDPAttention(MegatronModule):
         if packed_seq_params is not None:
             bounds = packed_bounds(packed_seq_params)
             if packed_seq_params.qkv_format == "thd":
-                out = self._packed(query, key, value, bounds)
+                run = self._packed_cp if self.cp > 1 else self._packed
+                out = run(query, key, value, bounds)
                 return out.reshape(out.shape[0], -1)
             if query.shape[1] != 1:
                 raise ValueError(f"packed sbhd input needs batch 1, got {query.shape[1]}")
+            if self.cp > 1:
+                raise ValueError("context parallelism on packed_sdpa needs the thd layout")
             out = self._packed(query[:, 0], key[:, 0], value[:, 0], bounds)
             return out.reshape(out.shape[0], 1, -1)
+        if self.cp > 1:
+            raise ValueError("context parallelism on packed_sdpa needs packed_seq_params (thd)")
         # unpacked [s, b, n, d]: rows are independent sequences
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))  # [b, n, s, d]
         mask = None if attention_mask is None else ~attention_mask

@@ -34,6 +34,11 @@ class ModelBuildOptions:
     pp: int = 1
     ep: int = 1
     vpp: int | None = None
+    cp: int = 1
+    """Context-parallel size: each packed row split over ``cp`` ranks (``context_parallel_size``)."""
+    cp_comm_type: str = "p2p"
+    """Transformer Engine's CP exchange (``"p2p"`` ring, ``"all_gather"``, ``"a2a"``, ``"a2a+p2p"``);
+    the local spec's ``packed_sdpa`` always all-gathers K/V."""
     params_dtype: torch.dtype = torch.float32
     bf16: bool = False
     fp16: bool = False
@@ -170,6 +175,8 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
         pipeline_model_parallel_size=opts.pp,
         virtual_pipeline_model_parallel_size=opts.vpp,
         expert_model_parallel_size=opts.ep,
+        context_parallel_size=opts.cp,
+        cp_comm_type=opts.cp_comm_type if opts.cp > 1 else None,
         sequence_parallel=opts.sequence_parallel,
         params_dtype=opts.params_dtype,
         bf16=opts.bf16,

@@ -161,6 +161,30 @@ def all_gather(t: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
     return [p if p.device == t.device else p.to(t.device) for p in parts]
 
 
+def reduce_scatter(t: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Sum ``t`` ``[world·n, ...]`` over ``group`` and return this rank's block ``[n, ...]``.
+
+    Block ``k`` (rows ``[k·n, (k+1)·n)``) goes to group rank ``k``. gloo has no reduce-scatter, so
+    a CPU group all-reduces and slices (the same sums; more bytes, which CPU runs do not mind).
+    """
+    if not initialized():
+        return t
+    world = dist.get_world_size(group)
+    if t.shape[0] % world:
+        raise ValueError(f"reduce_scatter: leading dim {t.shape[0]} is not a multiple of {world}")
+    n = t.shape[0] // world
+    rank = dist.get_group_rank(group, dist.get_rank()) if group is not None else dist.get_rank()
+    buf = _staged(t, group)
+    if "cpu" in _device_types(group):
+        buf = buf.clone() if buf is t else buf
+        dist.all_reduce(buf, group=group)
+        out = buf[rank * n:(rank + 1) * n]
+    else:
+        out = torch.empty((n, *buf.shape[1:]), dtype=buf.dtype, device=buf.device)
+        dist.reduce_scatter_tensor(out, buf, group=group)
+    return out if out.device == t.device else out.to(t.device)
+
+
 def send(t: torch.Tensor, dst: int, group: Any = None) -> None:
     """Blocking point-to-point send of ``t`` to global rank ``dst``."""
     dist.send(_staged(t, group), dst=dst, group=group)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+
 
 @dataclass(kw_only=True)
 class ParallelConfig:
@@ -16,9 +18,12 @@ class ParallelConfig:
     ep: int = 1
     """Expert-parallel size for MoE models (``expert_model_parallel_size``)."""
     cp: int = 1
-    """Context-parallel size (``context_parallel_size``): each packed row split over ``cp`` ranks, ring
-    attention exchanging K/V between them. ``maspo plan`` models it; the trainer refuses cp > 1 today
-    (it builds no context-parallel attention), with a ConfigError before anything is built."""
+    """Context-parallel size (``context_parallel_size``): each packed sequence padded to a multiple of
+    ``2·cp`` and split over ``cp`` ranks in Megatron's load-balanced order; K/V are exchanged between
+    them (``packed_sdpa``: all-gathered; TE: ``cp_comm_type``). Budgets count tokens per CP rank."""
+    cp_comm_type: str = "p2p"
+    """Transformer Engine's CP exchange on the TE spec: ``"p2p"`` (ring), ``"all_gather"``, ``"a2a"``
+    or ``"a2a+p2p"``. The local spec's ``packed_sdpa`` always all-gathers."""
     vpp: int | None = None
     """Virtual pipeline chunks per stage (interleaved schedule); None disables it."""
     distributed_optimizer: bool = False
@@ -36,6 +41,8 @@ class ParallelConfig:
         for name in ("tp", "pp", "ep", "cp", "world_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
+        if self.cp_comm_type not in CP_COMM_TYPES:
+            raise ValueError(f"parallel.cp_comm_type={self.cp_comm_type!r}; accepted: {CP_COMM_TYPES}")
         if self.vpp is not None and (self.vpp < 2 or self.pp < 2):
             raise ValueError(f"parallel.vpp={self.vpp} needs vpp >= 2 and pp >= 2 (pp={self.pp})")
         if self.world_size % (self.tp * self.pp * self.cp):

@@ -19,10 +19,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ParallelGroups:
-    """Process groups and ranks of this process in a TP x PP x DP (x EP) layout.
+    """Process groups and ranks of this process in a TP x CP x DP x PP (x EP) layout.
 
     Megatron's rank order is tp-cp-ep-dp-pp (tensor fastest). ``dp_group`` is the data-parallel group
-    without context parallelism; ``embd_group`` ties the first and last pipeline stages.
+    without context parallelism (ranks that hold different samples); ``dp_cp_group`` spans DP x CP
+    (ranks that hold different tokens: where token sums and gradients reduce); ``cp_group`` splits
+    each packed row; ``embd_group`` ties the first and last pipeline stages.
     """
 
     tp: int
@@ -41,6 +43,9 @@ class ParallelGroups:
     pp_rank: int
     dp_rank: int
     ep_rank: int
+    cp: int = 1
+    cp_group: Any = None
+    cp_rank: int = 0
 
     @property
     def is_first_stage(self) -> bool:
@@ -53,26 +58,30 @@ class ParallelGroups:
     def describe(self) -> str:
         return (
             f"tp={self.tp_rank}/{self.tp} pp={self.pp_rank}/{self.pp} "
-            f"dp={self.dp_rank}/{self.dp} ep={self.ep_rank}/{self.ep}"
+            f"dp={self.dp_rank}/{self.dp} ep={self.ep_rank}/{self.ep} cp={self.cp_rank}/{self.cp}"
         )
 
 
-def validate_layout(world_size: int, tp: int, pp: int, ep: int = 1) -> int:
-    """Return the data-parallel size of a layout, or raise ``ValueError`` naming the constraint."""
+def validate_layout(world_size: int, tp: int, pp: int, ep: int = 1, cp: int = 1) -> int:
+    """Return the data-parallel size of a layout, or raise ``ValueError`` naming the constraint.
+
+    Experts are laid over the ranks of one pipeline stage (``tp·cp·dp`` of them), as in Megatron's
+    expert grid, so ``ep`` divides ``dp·cp·tp``.
+    """
     for name, v in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
-                    ("expert_model_parallel_size", ep)):
+                    ("expert_model_parallel_size", ep), ("context_parallel_size", cp)):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
-    if world_size % (tp * pp) != 0:
+    if world_size % (tp * pp * cp) != 0:
         raise ValueError(
             f"world size {world_size} is not divisible by tensor_model_parallel_size * "
-            f"pipeline_model_parallel_size = {tp} * {pp} = {tp * pp}"
+            f"pipeline_model_parallel_size * context_parallel_size = {tp} * {pp} * {cp} = {tp * pp * cp}"
         )
-    dp = world_size // (tp * pp)
-    if (dp * tp) % ep != 0:
+    dp = world_size // (tp * pp * cp)
+    if (dp * cp * tp) % ep != 0:
         raise ValueError(
             f"expert_model_parallel_size {ep} must divide data_parallel_size * "
-            f"tensor_model_parallel_size = {dp} * {tp}"
+            f"context_parallel_size * tensor_model_parallel_size = {dp} * {cp} * {tp}"
         )
     return dp
 
@@ -83,6 +92,7 @@ def init_parallel(
     ep: int = 1,
     vpp: int | None = None,
     *,
+    cp: int = 1,
     seed: int = 1234,
     cpu_compat: bool = True,
 ) -> ParallelGroups:
@@ -93,6 +103,7 @@ def init_parallel(
 
     Args:
         tp, pp, ep: tensor, pipeline and expert parallel sizes; DP is derived.
+        cp: context-parallel size (each packed row split over ``cp`` ranks).
         vpp: virtual pipeline chunks per stage (None = no interleaving).
         seed: base seed for ``model_parallel_cuda_manual_seed``.
         cpu_compat: install :mod:`megatron_maspo.parallel.cpu_compat` when CUDA is absent.
@@ -106,7 +117,7 @@ def init_parallel(
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
-    validate_layout(dist.get_world_size(), tp, pp, ep)
+    validate_layout(dist.get_world_size(), tp, pp, ep, cp)
     if cpu_compat:
         install_cpu_bench()
     if ps.model_parallel_is_initialized():
@@ -116,6 +127,7 @@ def init_parallel(
         pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vpp,
         expert_model_parallel_size=ep,
+        context_parallel_size=cp,
     )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     groups = ParallelGroups(
@@ -135,6 +147,9 @@ def init_parallel(
         pp_rank=ps.get_pipeline_model_parallel_rank(),
         dp_rank=ps.get_data_parallel_rank(),
         ep_rank=ps.get_expert_model_parallel_rank(),
+        cp=cp,
+        cp_group=ps.get_context_parallel_group(),
+        cp_rank=ps.get_context_parallel_rank(),
     )
     logger.debug("parallel state: %s", groups.describe())
     return groups

@@ -9,7 +9,8 @@ Colocated design (one engine per rollout-TP group over the whole world, ``world 
     prompts of e  contiguous slice [start_e, start_e + n_e) of the step's P prompt groups,
                   n_e = P // E (+1 for the first P % E engines): whole groups of G responses stay together
     fed by        the model-parallel (TP x PP) replica that contains the owner rank:
-                  dp index = (owner // tp) % dp   (Megatron orders ranks tp-cp-ep-dp-pp, cp = 1 here)
+                  dp index = (owner // (tp·cp)) % dp   (Megatron orders ranks tp-cp-ep-dp-pp; the CP
+                  ranks of a replica hold identical weights, so an owner at cp_rank > 0 exports its own copy)
     placed on     node  owner // gpus_per_node, local GPUs  owner % gpus_per_node + 0 .. rollout_tp - 1
                   (ranks are node-major, one process per GPU, LOCAL_RANK = GPU index: torchrun and srun
                   block placement), i.e. the GPUs of the ranks owner .. owner + rollout_tp - 1; an engine
@@ -44,14 +45,18 @@ class FleetLayout:
     ep: int = 1
     """Trainer expert-parallel size (> 1: every rank joins the export)."""
 
+    cp: int = 1
+    """The trainer's context-parallel size (rows split, weights replicated over CP)."""
+
     def __post_init__(self) -> None:
-        if self.world < 1 or self.rollout_tp < 1 or self.tp < 1 or self.pp < 1 or self.ep < 1:
+        if self.world < 1 or self.rollout_tp < 1 or self.tp < 1 or self.pp < 1 or self.ep < 1 or self.cp < 1:
             raise ValueError(f"fleet: sizes must be >= 1 (world={self.world}, rollout_tp={self.rollout_tp}, "
                              f"tp={self.tp}, pp={self.pp}, ep={self.ep})")
         if self.world % self.rollout_tp:
             raise ValueError(f"fleet: rollout TP {self.rollout_tp} does not divide the world size {self.world}")
-        if self.world % (self.tp * self.pp):
-            raise ValueError(f"fleet: tp*pp={self.tp * self.pp} does not divide the world size {self.world}")
+        if self.world % (self.tp * self.pp * self.cp):
+            raise ValueError(f"fleet: tp*pp*cp={self.tp * self.pp * self.cp} does not divide the world "
+                             f"size {self.world}")
 
     @property
     def num_engines(self) -> int:
@@ -61,7 +66,7 @@ class FleetLayout:
     @property
     def dp(self) -> int:
         """Trainer data-parallel size (model-parallel replicas)."""
-        return self.world // (self.tp * self.pp)
+        return self.world // (self.tp * self.pp * self.cp)
 
     @property
     def engine_ranks(self) -> tuple[int, ...]:
@@ -76,7 +81,7 @@ class FleetLayout:
 
     def replica_of(self, rank: int) -> int:
         """Data-parallel index of the model-parallel replica that holds global ``rank``."""
-        return (rank // self.tp) % self.dp
+        return (rank // (self.tp * self.cp)) % self.dp
 
     def feeding_replica(self, engine: int) -> int:
         """Data-parallel index of the replica whose export feeds ``engine``."""
@@ -234,7 +239,7 @@ def build_fleet(parallel, rollout, world: int | None = None) -> FleetLayout:
     ``parallel.world_size``)."""
     p = parallel
     return FleetLayout(world=p.world_size if world is None else world, rollout_tp=rollout_tp_of(rollout),
-                       tp=p.tp, pp=p.pp, ep=p.ep)
+                       tp=p.tp, pp=p.pp, ep=p.ep, cp=p.cp)
 
 
 def _short(ranks: tuple[int, ...]) -> str:

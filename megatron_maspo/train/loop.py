@@ -82,7 +82,7 @@ class Trainer:
 
     def __init__(self, cfg: MaspoConfig, *, resume: bool = False) -> None:
         check_combinations(cfg)  # ValueError; the CLI has already run it (as a ConfigError)
-        check_layout_supported(cfg.parallel)
+        check_layout_supported(cfg.parallel, cfg.model, cfg.loss)
         ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)  # before the model is built
         self.rank, world = setup_distributed()
         if world != cfg.parallel.world_size:
@@ -90,7 +90,7 @@ class Trainer:
         self.cfg = cfg
         _seed_everything(cfg.train.seed, cfg.train.deterministic)
         p = cfg.parallel
-        self.groups = init_parallel(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, seed=cfg.train.seed)
+        self.groups = init_parallel(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, cp=p.cp, seed=cfg.train.seed)
         self.run_dir = Path(cfg.checkpoint.run_dir)
         self.faults = faults.FaultInjector(faults.configured(), self.rank)
         self.tokenizer, self.spec, init = build_policy_source(cfg, self.groups)
@@ -159,7 +159,7 @@ class Trainer:
         """
         g = self.groups
         out: dict[str, float] = {}
-        if g.is_last_stage and g.tp_rank == 0 and g.dp_rank == 0:
+        if g.is_last_stage and g.tp_rank == 0 and g.cp_rank == 0 and g.dp_rank == 0:
             usable = [s for s in samples if s.old_logprobs is not None and s.rollout_logprobs is not None
                       and len(s.old_logprobs)]
             fresh = [s for s in usable if s.policy_version == self.version]
@@ -172,8 +172,9 @@ class Trainer:
                                 for s in part])
                 out.update({prefix + k.removeprefix("mismatch/"): float(v)
                             for k, v in mismatch_metrics(tr, ro, torch.ones_like(tr)).items()})
-        # Megatron orders ranks tp-cp-ep-dp-pp: (last stage, dp 0, tp 0) is global rank (pp-1)*tp*dp.
-        return comm.broadcast_object(out, src=(g.pp - 1) * g.tp * g.dp)
+        # Megatron orders ranks tp-cp-ep-dp-pp: (last stage, dp 0, cp 0, tp 0) is global rank
+        # (pp-1)*tp*cp*dp.
+        return comm.broadcast_object(out, src=(g.pp - 1) * g.tp * g.cp * g.dp)
 
     def sync(self) -> float:
         """Push the actor's weights into every engine (collective over all ranks); returns seconds on

@@ -36,12 +36,22 @@ def check_run_dir(run_dir: str | Path, *, resume: bool) -> list[Path]:
     return ckpts
 
 
-def check_layout_supported(parallel: ParallelConfig) -> None:
-    """Refuse, with a one-line ConfigError, layouts the planner models but the trainer does not build.
+def check_layout_supported(parallel: ParallelConfig, model=None, loss=None) -> None:
+    """Refuse, with a one-line ConfigError naming the field, layouts the trainer does not build.
 
-    Context parallelism (``parallel.cp > 1``) needs context-parallel attention (TE ring attention and
-    the CP split of packed rows in the data path), which this trainer does not build.
+    Context parallelism (``parallel.cp > 1``) splits each sequence's tokens over CP ranks, so it
+    needs the packed (thd) attention paths and losses whose terms are per token: sequence-level
+    aggregation and statistics (they read a whole sequence on one rank) and routing replay (its
+    targets are per full row) are refused with it. ``model`` and ``loss`` are the config sections.
     """
-    if parallel.cp > 1:
-        raise ConfigError(f"parallel.cp={parallel.cp}: the trainer does not support context parallelism "
-                          "(cp > 1) yet; `maspo plan` models it for sizing only. Use parallel.cp=1")
+    if parallel.cp == 1:
+        return
+    if model is not None and model.attention_backend == "dense_mask":
+        raise ConfigError(f"parallel.cp={parallel.cp} needs model.attention_backend 'packed_sdpa' or 'te' "
+                          "(the dense mask is one [S, S] tensor per row; it does not split)")
+    if model is not None and model.routing_replay != "off":
+        raise ConfigError(f"model.routing_replay={model.routing_replay!r} is not supported with "
+                          f"parallel.cp={parallel.cp} (replay targets are per full row); use 'off'")
+    if loss is not None and loss.effective_aggregation != "token-mean":
+        raise ConfigError(f"loss.aggregation={loss.effective_aggregation!r} with parallel.cp={parallel.cp}: "
+                          "a sequence's tokens are split over CP ranks; use 'token-mean'")

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from megatron_maspo.loss.config import LossConfig
-from megatron_maspo.train.actor.packing import plan_mini_batch, trim_lengths
 from megatron_maspo.train.actor.samples import Sample
 from megatron_maspo.train.config import TrainConfig
 
@@ -64,10 +63,7 @@ def _sft_steps(actor: Any, examples: list, tokenizer: Any, tc: TrainConfig, it: 
         idx = torch.randint(len(examples), (batch,), generator=g).tolist()
         samples = sft_samples(examples, tokenizer, idx)
         # One mini-batch holding every sample (the RL plan would split it into several).
-        budget = tc.max_tokens_per_micro_batch
-        resp_lens, _ = trim_lengths(samples, budget)
-        plan = plan_mini_batch(samples, list(range(len(samples))), resp_lens, dp=actor.groups.dp,
-                               dp_rank=actor.groups.dp_rank, budget=budget)
+        plan = actor.plan_one(samples)  # the actor's packing rules (CP padding, per-rank budget)
         actor.fill_old_logprobs(samples, [plan])
         ctx = actor.forward_backward(samples, plan)
         for group in actor.optimizer.param_groups:

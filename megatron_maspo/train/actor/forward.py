@@ -102,6 +102,9 @@ class MicroBatchInputs:
     packed_seq_params: Any = None
     group_stats: dict[str, torch.Tensor] = field(default_factory=dict)
     """[T] per-token values of ``Sample.group_stats`` (e.g. ``quatro/lambda``)."""
+    cp_share: Any = None
+    """At cp > 1: this CP rank's :class:`~megatron_maspo.train.actor.cp_split.CPShare` of the row
+    (the tensors above are then the local rows and the response tokens this rank predicts)."""
 
 
 @dataclass

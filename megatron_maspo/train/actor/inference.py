@@ -28,8 +28,8 @@ def actor_build_options(model: ModelConfig, parallel: ParallelConfig) -> ModelBu
     """The model options the actor and the inference policy share (layout, precision, spec)."""
     p = parallel
     return ModelBuildOptions(
-        tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, bf16=model.bf16, fp16=model.fp16,
-        recompute=model.recompute,
+        tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, cp=p.cp, cp_comm_type=p.cp_comm_type, bf16=model.bf16,
+        fp16=model.fp16, recompute=model.recompute,
         make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
         calculate_per_token_loss=True, **attention_options(model.attention_backend, p.tp),
         **moe_build_options(model))

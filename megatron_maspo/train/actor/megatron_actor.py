@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -41,6 +42,12 @@ from megatron_maspo.parallel.config import ParallelConfig
 from megatron_maspo.parallel.device import default_device
 from megatron_maspo.parallel.groups import ParallelGroups
 from megatron_maspo.train.actor.batch_stats import prepare_batch_stats
+from megatron_maspo.train.actor.cp_split import (
+    cp_share,
+    local_micro_batch,
+    select_tokens,
+    unsplit_tokens,
+)
 from megatron_maspo.train.actor.forward import (
     MicroBatchInputs,
     StepContext,
@@ -93,9 +100,10 @@ class MegatronActor:
                  temperature: float = 1.0, init_weights: Callable[[list], None] | None = None,
                  memory_phase: Callable[[str], contextlib.AbstractContextManager] | None = None) -> None:
         p = parallel
-        if (groups.tp, groups.pp, groups.ep) != (p.tp, p.pp, p.ep):
-            raise ValueError(f"parallel groups (tp={groups.tp}, pp={groups.pp}, ep={groups.ep}) do not "
-                             f"match parallel (tp={p.tp}, pp={p.pp}, ep={p.ep})")
+        if (groups.tp, groups.pp, groups.ep, groups.cp) != (p.tp, p.pp, p.ep, p.cp):
+            raise ValueError(f"parallel groups (tp={groups.tp}, pp={groups.pp}, ep={groups.ep}, "
+                             f"cp={groups.cp}) do not match parallel (tp={p.tp}, pp={p.pp}, ep={p.ep}, "
+                             f"cp={p.cp})")
         self.spec, self.groups = spec, groups
         self.model_cfg, self.parallel_cfg = model, parallel
         self.loss_cfg, self.train_cfg, self.temperature = loss, train, temperature
@@ -144,17 +152,34 @@ class MegatronActor:
         self._at_old_policy = False  # parameters still equal π_old's (ρ = 1): set by the recompute
 
     # ------------------------------------------------------------------ planning
+    def _packing(self) -> tuple[int, dict]:
+        """(trim length, ``plan_mini_batch`` keywords) of this actor's layout.
+
+        At ``cp > 1`` the budget counts tokens per CP rank: a row holds ``budget·cp`` tokens, each
+        sequence padded to a multiple of ``2·cp`` (and the row, with sequence parallelism, to a
+        multiple of ``cp·tp`` so the local row splits over TP).
+        """
+        cp, tp = self.groups.cp, self.groups.tp
+        m = 2 * cp if cp > 1 else 1
+        budget = self.train_cfg.max_tokens_per_micro_batch * cp
+        row = cp * tp if self.opts.sequence_parallel else 1
+        row = row * m // math.gcd(row, m)  # lcm: filler segments stay multiples of 2·cp
+        return budget // m * m, dict(dp=self.groups.dp, dp_rank=self.groups.dp_rank, budget=budget,
+                                     equal_rows=self._equal_rows, row_multiple=row, seq_multiple=m)
+
     def plan(self, samples: Sequence[Sample]) -> tuple[list[MiniBatchPlan], list[int], PackStats]:
         """Mini-batch plans of this rank, trained response lengths and packing counters."""
-        budget = self.train_cfg.max_tokens_per_micro_batch
-        resp_lens, stats = trim_lengths(samples, budget)
+        trim, kw = self._packing()
+        resp_lens, stats = trim_lengths(samples, trim)
         minis = split_mini_batches(samples, self.train_cfg.mini_batches_per_step)
-        plans = [plan_mini_batch(samples, idx, resp_lens, dp=self.groups.dp,
-                                 dp_rank=self.groups.dp_rank, budget=budget,
-                                 equal_rows=self._equal_rows,
-                                 row_multiple=self.groups.tp if self.opts.sequence_parallel else 1)
-                 for idx in minis]
+        plans = [plan_mini_batch(samples, idx, resp_lens, **kw) for idx in minis]
         return plans, resp_lens, stats
+
+    def plan_one(self, samples: Sequence[Sample]) -> MiniBatchPlan:
+        """One mini-batch holding every sample (the SFT warm start), packed for this layout."""
+        trim, kw = self._packing()
+        resp_lens, _ = trim_lengths(samples, trim)
+        return plan_mini_batch(samples, list(range(len(samples))), resp_lens, **kw)
 
     def _inputs(self, samples: Sequence[Sample], mb: PackedMicroBatch) -> MicroBatchInputs:
         dev = self.device
@@ -162,17 +187,23 @@ class MegatronActor:
                      for k, t in token_inputs(samples, mb).items()}
         n_tok = torch.tensor(mb.resp_lens, dtype=torch.long)
         grp = {k: torch.repeat_interleave(torch.tensor([float(samples[i].group_stats[k]) for i in mb.sample_index],
-                                                       dtype=torch.float32), n_tok).to(dev)
+                                                       dtype=torch.float32), n_tok)
                for k in sorted({k for i in mb.sample_index for k in samples[i].group_stats})}
+        share = None
+        if self.groups.cp > 1:  # this CP rank's rows and the response tokens it predicts
+            share = cp_share(mb, self.groups.cp, self.groups.cp_rank)
+            mb = local_micro_batch(mb, share)
+            per_token, grp = select_tokens(per_token, share), select_tokens(grp, share)
         dense = self.opts.attention_backend == "dense_mask"
         return MicroBatchInputs(
-            group_stats=grp,
+            group_stats={k: v.to(dev) for k, v in grp.items() if v is not None},
             tokens=mb.tokens.view(1, -1).to(dev), position_ids=mb.position_ids.view(1, -1).to(dev),
             attention_mask=block_causal_mask(mb.seq_lens, dev) if dense else None,
             packed_seq_params=None if dense else build_packed_seq_params(cu_seqlens(mb.seq_lens), dev),
             resp_index=mb.resp_index.to(dev),
             labels=mb.labels.to(dev), loss_mask=mb.loss_mask.to(dev), seq_ids=mb.seq_ids.to(dev),
-            num_tokens=mb.num_tokens, **per_token)
+            num_tokens=int(mb.loss_mask.sum()) if share is not None else mb.num_tokens,
+            cp_share=share, **{k: (None if t is None else t.to(dev)) for k, t in per_token.items()})
 
     # ------------------------------------------------------------------ schedule
     def _run(self, chunks: list, inputs: list[MicroBatchInputs], ctx: StepContext,
@@ -192,6 +223,10 @@ class MegatronActor:
         finally:
             if replay is not None and self.replay is not None:
                 self.replay.clear()
+        if self.groups.cp > 1 and ctx.logprobs:  # last stage: every CP rank gets the whole [T]
+            g = self.groups.cp_group
+            ctx.logprobs = [unsplit_tokens(v, x.cp_share, g) for v, x in zip(ctx.logprobs, inputs)]
+            ctx.entropies = [unsplit_tokens(v, x.cp_share, g) for v, x in zip(ctx.entropies, inputs)]
 
     def _replay_targets(self, samples: Sequence[Sample], plan: MiniBatchPlan, on: bool) -> list | None:
         if not on or self.replay is None:
@@ -272,7 +307,7 @@ class MegatronActor:
             num_tokens_global=plan.num_tokens_global, num_seqs_global=plan.num_seqs_global,
             seq_ids=mb.seq_ids, entropy=ent, ref_logprobs=mb.ref_logprobs,
             rollout_logprobs=mb.rollout_logprobs, prompt_ids=mb.prompt_ids,
-            dp_group=self.groups.dp_group, batch_stats={**stats, **mb.group_stats})
+            dp_group=self.groups.dp_cp_group, batch_stats={**stats, **mb.group_stats})
 
     def reuses_forward_logprobs(self, plans: list[MiniBatchPlan]) -> bool:
         """True when the old-log-prob recompute provably equals the training forward (one mini-batch:
@@ -351,11 +386,12 @@ class MegatronActor:
                 "actor/lr": float(lr)}
 
     def _reduce_metrics(self, local: dict[str, torch.Tensor]) -> dict[str, float]:
-        """SUM (MIN/MAX for extremes) over DP on the last stage, then broadcast over PP."""
+        """SUM (MIN/MAX for extremes) over DP x CP on the last stage (each CP rank summed its own
+        tokens), then broadcast over PP."""
         g = self.groups
         out: dict[str, float] = {}
         if g.is_last_stage and local:
-            reduced = finalize_metrics(reduce_metrics(local, g.dp_group))
+            reduced = finalize_metrics(reduce_metrics(local, g.dp_cp_group))
             out = {k: float(v) for k, v in reduced.items()}
         if g.pp > 1:
             out = comm.broadcast_object(out, src=torch.distributed.get_global_rank(g.pp_group, g.pp - 1),

@@ -181,7 +181,8 @@ def assign_micro_batches(shards: list[list[tuple[int, int]]], budget: int) -> li
 
 
 def build_micro_batch(samples: Sequence[Sample], index: Sequence[int],
-                      resp_lens: Sequence[int], *, pad_to: int = 0) -> PackedMicroBatch:
+                      resp_lens: Sequence[int], *, pad_to: int = 0,
+                      seq_multiple: int = 1) -> PackedMicroBatch:
     """Concatenate ``samples[i]`` for ``i in index`` into one row (trained responses only).
 
     An empty ``index`` gives a filler row: one token, one masked response position, so every DP
@@ -192,12 +193,18 @@ def build_micro_batch(samples: Sequence[Sample], index: Sequence[int],
             from 0, its own attention block, no response position) up to this length. Padding
             tokens attend only to each other and never reach the loss, so they change nothing but
             the row length (MoE routing is dropless here: they take no capacity from real tokens).
+        seq_multiple: pad every sequence at its end (token 0, positions continuing) to a multiple
+            of this; context parallelism splits each sequence into ``2·cp`` equal chunks. The
+            padding comes after the sequence's last token, so causal attention hides it.
     """
     if not index:
         z = torch.zeros(1, dtype=torch.long)
         mb = PackedMicroBatch(tokens=z, position_ids=z.clone(), seq_lens=[1], sample_index=[],
                               resp_index=z.clone(), labels=z.clone(), seq_ids=z.clone(),
                               loss_mask=torch.zeros(1), resp_lens=[])
+        if seq_multiple > 1:
+            mb.tokens = mb.position_ids = torch.zeros(seq_multiple, dtype=torch.long)
+            mb.seq_lens = [seq_multiple]
         return _pad_row(mb, pad_to)
     sel = list(index)
     rl = [int(resp_lens[i]) for i in sel]
@@ -207,9 +214,12 @@ def build_micro_batch(samples: Sequence[Sample], index: Sequence[int],
     # One conversion per sample (the rollout hands lists); everything per token is a tensor op.
     resp = [torch.as_tensor(samples[i].response_ids[:n], dtype=torch.long) for i, n in zip(sel, rl)]
     parts = []
-    for i, r in zip(sel, resp):
-        parts += [torch.as_tensor(samples[i].prompt_ids, dtype=torch.long), r]
+    pads = (-seq) % max(seq_multiple, 1)  # per-sequence tail padding (context parallelism)
+    for i, r, k in zip(sel, resp, pads.tolist()):
+        parts += [torch.as_tensor(samples[i].prompt_ids, dtype=torch.long), r,
+                  torch.zeros(k, dtype=torch.long)]
     tokens = torch.cat(parts)
+    seq = seq + pads
     starts = torch.cumsum(seq, 0) - seq
     positions = torch.arange(tokens.numel()) - torch.repeat_interleave(starts, seq)
     # hidden at position t predicts token t + 1: response token j of sequence k sits at
@@ -305,7 +315,7 @@ class MiniBatchPlan:
 
 def plan_mini_batch(samples: Sequence[Sample], index: Sequence[int], resp_lens: Sequence[int], *,
                     dp: int, dp_rank: int, budget: int, equal_rows: bool = False,
-                    row_multiple: int = 1) -> MiniBatchPlan:
+                    row_multiple: int = 1, seq_multiple: int = 1) -> MiniBatchPlan:
     """Pack the mini-batch ``index`` for data-parallel rank ``dp_rank`` of ``dp``.
 
     Args:
@@ -315,16 +325,20 @@ def plan_mini_batch(samples: Sequence[Sample], index: Sequence[int], resp_lens: 
             EP group, which spans DP ranks.
         row_multiple: pad every row up to a multiple of this (sequence parallelism splits the
             row over TP ranks, so its length must divide by TP).
+        seq_multiple: pad every sequence to a multiple of this (``2·cp``); budgets and rows count
+            the padded lengths (a multiple of ``row_multiple`` keeps filler segments aligned).
     """
     kept = [i for i in index if resp_lens[i] > 0]
-    lens = [len(samples[i].prompt_ids) + resp_lens[i] for i in kept]
+    m = max(seq_multiple, 1)
+    lens = [-(-(len(samples[i].prompt_ids) + resp_lens[i]) // m) * m for i in kept]
     shards = shard_for_dp(kept, lens, dp)
     length = dict(zip(kept, lens))
     bins = assign_micro_batches([[(i, length[i]) for i in s] for s in shards], budget)
-    rows = [[max(1, sum(length[i] for i in b)) for b in r] for r in bins]  # [dp][M]
+    rows = [[max(m, sum(length[i] for i in b)) for b in r] for r in bins]  # [dp][M]
     pad = [max(col) if equal_rows else 0 for col in zip(*rows)]
     if row_multiple > 1:
         pad = [-(-max(p, n) // row_multiple) * row_multiple for p, n in zip(pad, rows[dp_rank])]
-    mbs = [build_micro_batch(samples, b, resp_lens, pad_to=n) for b, n in zip(bins[dp_rank], pad)]
+    mbs = [build_micro_batch(samples, b, resp_lens, pad_to=n, seq_multiple=m)
+           for b, n in zip(bins[dp_rank], pad)]
     return MiniBatchPlan(micro_batches=mbs, num_tokens_global=sum(resp_lens[i] for i in kept),
                          num_seqs_global=len(kept))
