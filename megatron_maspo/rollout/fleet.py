@@ -205,6 +205,8 @@ def owner_gpus(fleet: FleetLayout, rank: int, env: Mapping[str, str] | None = No
         return None
     gpus = fleet.engine_gpus(engine, processes_per_node(fleet.world, env))
     local = env.get("LOCAL_RANK")
+    if not on_cuda():  # no devices to claim (CPU ranks, gloo): the placement is data only, nothing to check
+        return gpus
     if local is not None and local.isdigit() and int(local) != gpus[0]:
         raise RuntimeError(f"fleet: rank {rank} has LOCAL_RANK={local}, but the layout places its engine on "
                            f"local GPUs {gpus}: launch ranks node-major (torchrun / srun block placement)")

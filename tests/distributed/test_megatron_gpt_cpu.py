@@ -3,6 +3,7 @@ ranks through Megatron's pipeline schedule matches the TP=PP=1 loss and gradient
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from megatron_maspo.model.spec import ArchSpec
@@ -37,6 +38,7 @@ def _worker(rank: int, world: int, tp: int, pp: int):
     return {"losses": losses, "grads": grads} if rank == 0 else None
 
 
+@pytest.mark.slow  # ~40-50 s on 2 cores; TP2 x PP2 of the real actor stays in the default run (tests/distributed/test_actor.py)
 def test_tp2_pp2_matches_single_process():
     ref = run_workers(_worker, 1, 1, 1)[0]
     par = run_workers(_worker, 4, 2, 2)[0]

@@ -68,5 +68,6 @@ def test_alltoall_matches_allgather_ep2():
     _check(run_workers(_worker, 2, 2)[0])
 
 
+@pytest.mark.slow  # ~40-50 s on 2 cores; EP 2 stays in the default run
 def test_alltoall_matches_allgather_ep4():  # 4 ranks, ~14 s on 2 cores
     _check(run_workers(_worker, 4, 4)[0])

@@ -65,6 +65,7 @@ def _worker(rank: int, world: int) -> dict:
     return out
 
 
+@pytest.mark.slow  # ~40-50 s on 2 cores; packed positions stay covered by tests/distributed/test_packed_attention.py
 def test_same_sequence_at_offset_0_and_10k_gives_same_logprobs():
     res = run_workers(_worker, 1)[0]
     alone, packed = res["fp32"]

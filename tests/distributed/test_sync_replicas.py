@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch.distributed as dist
 
 from megatron_maspo.parallel.launch import run_workers
@@ -24,6 +25,7 @@ def _worker(rank: int, world: int) -> tuple:
     return tuple(out)
 
 
+@pytest.mark.slow  # ~40-50 s on 2 cores; the fleet test below keeps replica feeding in the default run
 def test_dp_replicas_skip_the_export():
     res = run_workers(_worker, 4)
     for rank, rows in enumerate(res):

@@ -84,6 +84,7 @@ def test_staleness_zero_is_the_synchronous_loop(tmp_path):
     _check_k0_is_synchronous(MICRO, tmp_path)
 
 
+@pytest.mark.slow  # ~40-50 s on 2 cores; the queue's checkpoint round trip stays in tests/unit/train/test_staleness.py
 def test_resume_keeps_the_pending_stale_batches(tmp_path):
     _check_resume_with_pending_batches(MICRO, tmp_path)
 
