@@ -29,9 +29,13 @@ Memory (GiB = 2^30 bytes, per GPU, on the worst pipeline stage; P_l = parameters
 
     train peak   = weights + reference + grads + optimizer + activations + attention + logprob + reserve
     rollout peak = weights + reference + grads + optimizer - offloaded + engine + reserve
+    sync peak    = weights + reference + grads + optimizer + engine weights + buckets + reserve
 
-The vLLM engine sleeps (level 1/2) during the update, so its share and the trainer's activations never
-coexist. ``offloaded`` is what train.offload_params/grads/optimizer move to host memory during generation
+The phases are train/offload.py's ``STEP_PHASES``: the vLLM engine sleeps (level 1/2) during the update,
+so its share and the trainer's activations never coexist; the trainer's state is offloaded *before* the
+engine's KV cache wakes (and before the engine starts, when offload is on), so the rollout peak may
+subtract it; the sync holds the whole trainer state, the engine's weights (2 P / vllm_tp) and, with
+the ``ipc`` transport, two buckets (2 x rollout.bucket_mb) on the GPU. ``offloaded`` is what train.offload_params/grads/optimizer move to host memory during generation
 (launch/plan_memory.py; 0 without offload). Context parallelism (parallel.cp, launch/plan_cp.py) splits
 each row's N tokens over cp ranks: activations and the log-prob workspace are those of N / cp tokens.
 
@@ -179,6 +183,10 @@ class Memory:
     """The frozen reference model's weights (train.reference_model), resident like the actor's."""
     offloaded: dict[str, float] = field(default_factory=dict)
     """GiB per GPU moved to host memory during generation, by offload category (launch/plan_memory.py)."""
+    engine_weights: float = 0.0
+    """The engine's weights alone (woken for the sync before its KV cache), GiB."""
+    buckets: float = 0.0
+    """The sync's double-buffered GPU buckets (``ipc`` transport), GiB."""
 
     @property
     def host(self) -> float:
@@ -196,8 +204,14 @@ class Memory:
                 + self.reserve)
 
     @property
+    def sync_peak(self) -> float:
+        """The sync phase (train/offload.py::STEP_PHASES): trainer state resident, engine weights awake."""
+        return (self.weights + self.reference + self.grads + self.optimizer + self.engine_weights
+                + self.buckets + self.reserve)
+
+    @property
     def peak(self) -> float:
-        return max(self.train_peak, self.rollout_peak)
+        return max(self.train_peak, self.rollout_peak, self.sync_peak)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -466,12 +480,15 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
                  activations=act / GIB, logprob=logprob / GIB, engine=engine / GIB,
                  reserve=hw.reserve_gb, attention=attn / GIB, attention_backend=backend,
                  reference=(state["params"] - p_local * elt) / GIB,
-                 offloaded={c: b / GIB for c, b in off.items() if b})
+                 offloaded={c: b / GIB for c, b in off.items() if b}, engine_weights=engine_w / GIB,
+                 buckets=(2 * ro.bucket_mb / 1024 if ro.engine == "vllm" and ro.weight_transport == "ipc"
+                          else 0.0))
     if mem.peak > hw.gpu_mem_gb:
         why = (f"; model.attention_backend='dense_mask' holds {mem.attention:.1f} GiB of [S, S] attention "
                f"tensors at S={n_tok}: 'packed_sdpa' or 'te' are linear in S" if attn else "")
         reasons.append(f"needs {mem.peak:.1f} GiB per GPU > {hw.gpu_mem_gb:.0f} GiB (train peak "
-                       f"{mem.train_peak:.1f}, rollout peak {mem.rollout_peak:.1f}){why}")
+                       f"{mem.train_peak:.1f}, rollout peak {mem.rollout_peak:.1f}, sync peak "
+                       f"{mem.sync_peak:.1f}){why}")
     kvpt = kv_bytes_per_token(spec, lay.vllm_tp)
     kv_seqs = int(max(0.0, kv_pool) // (kvpt * seq_max))
     if kv_seqs < 1:

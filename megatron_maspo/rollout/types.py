@@ -5,7 +5,7 @@ Kept free of heavy imports: the trainer, the evaluator and the tests depend on t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -86,8 +86,10 @@ class Engine(Protocol):
         """Release memory for colocation (1: offload weights, drop KV cache; 2: drop both)."""
         ...
 
-    def wake_up(self) -> None:
-        """Undo ``sleep``."""
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Undo ``sleep``: all of it (None), or only ``"weights"`` / ``"kv_cache"`` (vLLM's tags). The trainer
+        wakes the weights for the sync and the KV cache only once its own state is offloaded
+        (``train/offload.py::STEP_PHASES``); ``generate`` wakes whatever is still asleep."""
         ...
 
     @property

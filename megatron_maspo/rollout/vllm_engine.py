@@ -171,6 +171,7 @@ class VllmEngine:
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # loopback only: no network on the rollout box
         self._on_gpu = torch.cuda.is_available()
         self._asleep = 0
+        self._sleeping: set[str] = set()  # vLLM sleep tags not yet woken (GPU only)
         kwargs: dict[str, Any] = dict(
             model=model_dir, skip_tokenizer_init=True, dtype=dtype, load_format=load_format, seed=seed,
             max_model_len=max_model_len, enforce_eager=not self._on_gpu, worker_extension_cls=EXTENSION,
@@ -248,11 +249,14 @@ class VllmEngine:
             core.shutdown()
 
     def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
-        """Stream buckets into every worker, finish the layer-wise reload, reset the prefix cache."""
+        """Stream buckets into every worker, finish the layer-wise reload, reset the prefix cache.
+
+        A sleeping engine gets its weights back first (``wake_up(tags=["weights"])``, verl's colocated
+        order) and its KV cache stays asleep: the trainer wakes it with ``wake_up(["kv_cache"])`` once its
+        own state is offloaded (``train/offload.py::STEP_PHASES``), or ``generate`` does.
+        """
         self._stale = True  # until this sync completes, the weights are a mix of old and new
-        if self._on_gpu and self._asleep:
-            # verl's colocated order: weights back first, load them, only then the KV cache.
-            self.llm.wake_up(tags=["weights"])
+        self.wake_up(["weights"])
         self.llm.collective_rpc("maspo_begin_sync")
         try:
             for b in buckets:
@@ -264,9 +268,6 @@ class VllmEngine:
         except Exception:
             self.llm.collective_rpc("maspo_abort_sync")
             raise
-        if self._on_gpu and self._asleep:
-            self.llm.wake_up(tags=["kv_cache"])
-            self._asleep = 0
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self._stale = False
         self._version += 1
@@ -293,10 +294,20 @@ class VllmEngine:
             return
         self.llm.sleep(level=level)
         self._asleep = level
+        self._sleeping = {"weights", "kv_cache"}
 
-    def wake_up(self) -> None:
-        if self._on_gpu and self._asleep:
-            self.llm.wake_up()
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Undo :meth:`sleep`: everything (None) or the given vLLM tags (``"weights"``, ``"kv_cache"``).
+
+        After a level-2 sleep, waking the weights re-allocates them with undefined contents: a sync
+        (``load_buckets``) must follow before ``generate``.
+        """
+        want = [t for t in (("weights", "kv_cache") if tags is None else tags) if t in self._sleeping]
+        if not want:
+            return
+        self.llm.wake_up(tags=want)
+        self._sleeping -= set(want)
+        if not self._sleeping:
             self._asleep = 0
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, *,
@@ -306,6 +317,11 @@ class VllmEngine:
 
         if self._stale:
             raise RuntimeError("the last weight sync failed part-way: the engine holds mixed weights; re-sync")
+        if "weights" in self._sleeping:
+            raise RuntimeError(f"vLLM engine asleep (level {self._asleep}): sync weights or wake_up first")
+        if self._sleeping:  # the trainer wakes the KV cache itself after offloading; a bare caller gets it here
+            logger.debug("generate: waking vLLM's %s", sorted(self._sleeping))
+            self.wake_up()
         # vLLM refuses n > 1 with greedy sampling: send each prompt n times with n = 1 instead.
         reps, n = (params.n, 1) if params.temperature == 0 else (1, params.n)
         sp = vllm.SamplingParams(n=n, temperature=params.temperature, top_p=params.top_p,

@@ -39,6 +39,7 @@ from megatron_maspo.train.fleet_rollout import fleet_metrics, reward_totals
 from megatron_maspo.train.memory import GB, PhaseMemory
 from megatron_maspo.train.offload import (
     StateOffloader,
+    build_colocation,
     offload_categories,
     release_cached_memory,
     training_tensors,
@@ -133,8 +134,10 @@ class Trainer:
         self.memory, self.offloader = _memory_hooks(self.actor, cfg)
         self.fleet = build_fleet(cfg, world)  # the same object the planner reads
         self.engine_id = self.fleet.engine_of(self.rank)
-        self.engine = (build_engine(cfg, self.spec, self.tokenizer, gpus=owner_gpus(self.fleet, self.rank))
-                       if self.engine_id is not None else None)
+        self.colocation = build_colocation(self.offloader, cfg, self.fleet)  # STEP_PHASES (train/offload.py)
+        self.engine = self.colocation.start_engine(
+            partial(build_engine, cfg, self.spec, self.tokenizer, gpus=owner_gpus(self.fleet, self.rank))
+            if self.engine_id is not None else None)
         if self.rank == 0:
             logger.info("rollout fleet: %s", self.fleet.describe(cfg.train.prompts_per_step))
         self.examples = self._load_examples()
@@ -243,8 +246,7 @@ class Trainer:
 
         dtype = torch.bfloat16 if self.cfg.model.bf16 else torch.float32
         with self.memory.phase("sync"):
-            if self.engine is not None and self.version > 0 and self.cfg.rollout.sleep_level == 1:
-                self.engine.wake_up()  # level 1 kept (offloaded) weights; level 2 is woken by the load
+            self.colocation.prepare_sync()  # engine weights back; its KV cache waits for the offload
             stats = sync_weights(self.actor.named_modules_unwrapped(), self.spec, self.groups,
                                  self.engine, bucket_bytes=bucket_bytes_from_mb(self.cfg.rollout.bucket_mb),
                                  dtype=dtype, verify_checksums=self.cfg.rollout.verify_checksums,
@@ -299,6 +301,7 @@ class Trainer:
             self.progress.begin_steps()
             while self.step < tc.steps:
                 if held_out.due(self.step):  # eval/* of θ after self.step updates: its own row
+                    self.colocation.prepare_generation()
                     sink.log(held_out(self.engine if self.rank == 0 else None, self.reward_fn), self.step)
                 metrics = self.train_one_step()
                 # Steps count from 1 everywhere: "step k/N" on the console, "step": k in metrics.jsonl
@@ -316,6 +319,7 @@ class Trainer:
                     break
             else:
                 if held_out.due(self.step, final=True):  # the final policy, in its own row
+                    self.colocation.prepare_generation()
                     sink.log(held_out(self.engine if self.rank == 0 else None, self.reward_fn), self.step)
         finally:
             self.progress.close()
@@ -359,7 +363,7 @@ class Trainer:
         self.engine_rounds = []  # per-engine figures of this step's rollout rounds (fleet_rollout.py)
         faults.at_step(self.step + 1)  # MASPO_FAULT hook (steps numbered from 1, as logged); else a no-op
         t_start = time.perf_counter()
-        offloaded = self.offloader.offload()  # colocation: the engine gets the trainer's memory
+        offloaded = self.colocation.prepare_generation()  # trainer offloaded, then the engine's KV cache
         if self.pending is None:  # max_staleness = 0: the synchronous loop
             batch = self.collect(self.step)
         else:  # generate ahead with the current weights (on a GPU this can overlap the update)
@@ -367,10 +371,7 @@ class Trainer:
                 self.pending.push(self.collect(target))
             batch = self.pending.pop(self.step)
         kept, seen, dropped = batch.kept, batch.seen, batch.dropped
-        if self.engine is not None:
-            # Colocation: free the engine's memory for the update; the sync below refills its weights.
-            self.engine.sleep(cfg.rollout.sleep_level)
-        self.offloader.reload()
+        self.colocation.prepare_update()  # engine sleeps, then the trainer's state comes back
         samples = self.build_samples(kept)
         _version_check(samples, self.version, cfg)
         trained_version = self.version  # the sync below advances it

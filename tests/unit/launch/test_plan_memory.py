@@ -80,3 +80,22 @@ def test_cli_reports_host_memory(capsys):
             f"{m.offloaded['optimizer']:.1f}; pinned host memory {m.host:.1f} GiB per GPU "
             f"({m.host * 8:.0f} GiB per node)") in out
     assert f"offload {plan.time.offload:.1f}" in out
+
+
+def test_phase_peaks_follow_the_trainers_phase_order():
+    """The planner's peaks are train/offload.py's STEP_PHASES summed: generation after the offload (so it
+    may subtract the offloaded state), and the sync with the whole state beside the engine's weights."""
+    from megatron_maspo.train.offload import phase_peaks
+
+    plan = _plan(offload_params=True, offload_grads=True, offload_optimizer=True)
+    m = plan.memory
+    state = m.weights + m.reference + m.grads + m.optimizer
+    kv = m.engine - m.engine_weights
+    peaks = phase_peaks({"trainer_kept": state - m.host, "trainer_offloaded": m.host,
+                         "engine_weights": m.engine_weights, "kv_cache": kv, "buckets": m.buckets,
+                         "activations": m.activations + m.attention + m.logprob})
+    assert m.rollout_peak == pytest.approx(peaks["generate"] + m.reserve)
+    assert m.sync_peak == pytest.approx(peaks["sync"] + m.reserve)
+    assert m.train_peak == pytest.approx(peaks["train"] + m.reserve)
+    bucket_mb = load_recipe("r1_distill_qwen_7b_maspo").rollout.bucket_mb
+    assert m.buckets == pytest.approx(2 * bucket_mb / 1024) and m.peak >= m.sync_peak
