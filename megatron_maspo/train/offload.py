@@ -120,8 +120,10 @@ def _aligned(n: int) -> int:
 
 
 def _host_register(t: torch.Tensor) -> bool:
-    """Page-lock ``t``'s memory in place (``cudaHostRegister``); False (and a warning) if CUDA refuses."""
-    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+    """Page-lock ``t``'s memory in place (``cudaHostRegister``, portable: as torch's own
+    ``torch/cuda/_pin_memory_utils.py`` does for checkpoint staging); False (and a warning) if CUDA refuses."""
+    cudart: Any = torch.cuda.cudart()
+    err = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 1)
     if int(err) != 0:
         logger.warning("offload: cudaHostRegister of %d bytes failed (%s); copies will be synchronous",
                        t.numel(), err)
@@ -130,7 +132,8 @@ def _host_register(t: torch.Tensor) -> bool:
 
 
 def _host_unregister(t: torch.Tensor) -> None:
-    torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+    cudart: Any = torch.cuda.cudart()
+    cudart.cudaHostUnregister(t.data_ptr())
 
 
 class HostSlab:
