@@ -29,8 +29,10 @@ class SamplingParams:
     seed: int | None = None
     """Base seed; with a seed, generation is deterministic for the same prompts and weights."""
     first_prompt: int = 0
-    """Position of ``prompts[0]`` in the step's whole prompt list. Engines that seed per prompt use
-    ``first_prompt + i``, so a prompt's samples do not depend on how the fleet splits the step."""
+    """Position of ``prompts[0]`` in the step's whole prompt list. The built-in engine seeds per prompt
+    and sample from ``first_prompt + i``, so a prompt's samples do not depend on how the fleet splits the
+    step; vLLM seeds the whole call once from ``(seed, first_prompt)`` (``sampling.batch_seed``), so its
+    engines draw distinct streams and a prompt's samples depend on the batch it is in (docs/rollout.md)."""
 
     def __post_init__(self) -> None:
         if self.n < 1:
