@@ -127,7 +127,8 @@ class Trainer:
             self.cfg = cfg
         _seed_everything(cfg.train.seed, cfg.train.deterministic)
         p = cfg.parallel
-        self.groups = init_parallel(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, seed=cfg.train.seed)
+        self.groups = init_parallel(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, seed=cfg.train.seed,
+                                    gloo_groups=p.distributed_optimizer)  # memory-efficient optimizer save
         self.run_dir = Path(cfg.checkpoint.run_dir)
         self.tokenizer, self.spec, init = build_policy_source(cfg, self.groups)
         self.actor = MegatronActor(cfg, self.spec, self.groups, init_weights=init)

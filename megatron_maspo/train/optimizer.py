@@ -115,8 +115,11 @@ def build_optimizer(chunks: list, optim: OptimConfig, *, total_steps: int, bf16:
         clip_grad=optim.clip_grad, bf16=bf16,
         params_dtype=torch.bfloat16 if bf16 else torch.float32,
         use_distributed_optimizer=distributed_optimizer)
+    from megatron_maspo.parallel.groups import gloo_groups_available
+
     with spoof_tensor_type():  # CPU: Megatron asserts 'torch.cuda.*' type strings
-        optimizer = get_megatron_optimizer(ocfg, wrapped)
+        # gloo DP groups only where init_parallel made them (the memory-efficient checkpoint save)
+        optimizer = get_megatron_optimizer(ocfg, wrapped, use_gloo_process_groups=gloo_groups_available())
     prefer_fused_adam(optimizer)
     wrapped[0].config.grad_scale_func = optimizer.scale_loss
     steps = max(total_steps, optim.warmup_steps + 1)
