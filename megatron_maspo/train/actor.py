@@ -31,7 +31,7 @@ import torch
 from megatron_maspo.config import MaspoConfig
 from megatron_maspo.loss.metrics import finalize_metrics, reduce_metrics
 from megatron_maspo.loss.policy import compute_policy_loss
-from megatron_maspo.model.provider import build_model_chunks
+from megatron_maspo.model.provider import build_model_chunks, loaded_weights_options
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.cpu_compat import spoof_tensor_type
@@ -88,7 +88,9 @@ class MegatronActor:
         self.cfg, self.spec, self.groups = cfg, spec, groups
         self.device = default_device()
         self.opts = actor_build_options(cfg)  # shared with the inference-only policy
-        chunks = build_model_chunks(spec, self.opts, pp_rank=groups.pp_rank)
+        # loaded weights replace the random ones: skip the full CPU draw (model/provider.py)
+        build_opts = self.opts if init_weights is None else loaded_weights_options(self.opts)
+        chunks = build_model_chunks(spec, build_opts, pp_rank=groups.pp_rank)
         for c in chunks:
             # packed rows differ in length: PP stages exchange shapes first
             c.config.variable_seq_lengths = p.pp > 1
@@ -97,7 +99,7 @@ class MegatronActor:
         self.reference: list | None = None
         if cfg.train.reference_model or cfg.loss.kl_coef > 0:
             # A fresh build + state copy: deepcopy fails on the process groups the modules hold.
-            self.reference = build_model_chunks(spec, self.opts, pp_rank=groups.pp_rank)
+            self.reference = build_model_chunks(spec, loaded_weights_options(self.opts), pp_rank=groups.pp_rank)
             for ref, c in zip(self.reference, chunks):
                 ref.config.variable_seq_lengths = p.pp > 1
                 ref.load_state_dict(c.state_dict())

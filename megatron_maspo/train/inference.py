@@ -16,7 +16,12 @@ import torch
 
 from megatron_maspo.config import MaspoConfig
 from megatron_maspo.model.moe import moe_build_options
-from megatron_maspo.model.provider import ModelBuildOptions, attention_options, build_model_chunks
+from megatron_maspo.model.provider import (
+    ModelBuildOptions,
+    attention_options,
+    build_model_chunks,
+    loaded_weights_options,
+)
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.groups import ParallelGroups
 
@@ -53,7 +58,9 @@ class InferencePolicy:
             raise ValueError(f"parallel groups (tp={groups.tp}, pp={groups.pp}, ep={groups.ep}) do "
                              f"not match cfg.parallel (tp={p.tp}, pp={p.pp}, ep={p.ep})")
         self.cfg, self.spec, self.groups = cfg, spec, groups
-        self.chunks = build_model_chunks(spec, actor_build_options(cfg), pp_rank=groups.pp_rank)
+        opts = actor_build_options(cfg)
+        self.chunks = build_model_chunks(spec, opts if init_weights is None else loaded_weights_options(opts),
+                                         pp_rank=groups.pp_rank)
         if init_weights is not None:
             init_weights(self.chunks)
         for c in self.chunks:
