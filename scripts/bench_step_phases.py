@@ -57,7 +57,7 @@ def _step(tr, step: int) -> dict[str, dict[str, float]]:
                           [tr.examples[i].answer for i in idx], comps)
     out["grade"] = {"seconds": time.perf_counter() - t0, "tokens": gen_tokens,
                     "responses": sum(len(g) for g in comps)}
-    tr.rollouts.sleep()
+    tr.colocation.prepare_update()
     samples = samples_from_groups(groups, tr.cfg.loss, overlong_filter=tc.overlong_filter, version_offset=0)
     plans, _, _ = tr.actor.plan(samples)
     packed = sum(int(mb.tokens.numel()) for p in plans for mb in p.micro_batches)

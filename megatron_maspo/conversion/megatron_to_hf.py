@@ -45,7 +45,10 @@ def _manifest(chunks: list[torch.nn.Module], groups: ParallelGroups) -> list[dic
             "dtype": str(dtypes.pop()).removeprefix("torch.") if len(dtypes) == 1 else None}
     if groups.pp == 1:
         return [mine]
-    return comm.all_gather_object(mine, group=groups.pp_group)
+    # staged on the parameters' GPU (the group's), not the calling thread's current device: the sync runs
+    # this in its prefetch thread, which would otherwise stage on cuda:0 (issue 29, defect 4)
+    device = next((p.device for m in models for p in m.parameters()), None)
+    return comm.all_gather_object(mine, group=groups.pp_group, device=device)
 
 
 def _gather(t: torch.Tensor, n: int, group) -> list[torch.Tensor]:

@@ -133,6 +133,11 @@ def job_env(opts: LaunchOptions, *, cuda: bool = True) -> dict[str, str]:
     if opts.nodes > 1:
         env.update(MULTINODE_ENV)
     env.update(opts.env)
+    if opts.nodes > 1 and "GLOO_SOCKET_IFNAME" not in env:
+        # gloo takes exact interface names (no "^lo" exclusions as NCCL_SOCKET_IFNAME does), so no default
+        logger.warning("multi-node job without GLOO_SOCKET_IFNAME: the distributed optimizer's gloo groups "
+                       "(checkpoint saves) bind the interface the hostname resolves to; pass --env "
+                       "GLOO_SOCKET_IFNAME=<the nodes' routable interface, e.g. ib0 or eth0>")
     return env
 
 

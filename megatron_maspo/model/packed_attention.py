@@ -261,7 +261,9 @@ def build_packed_seq_params(bounds: list[int], device: torch.device | None = Non
     lens = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
     if len(bounds) < 2 or bounds[0] != 0 or min(lens) <= 0:
         raise ValueError(f"bounds must start at 0 and strictly increase, got {bounds[:8]}...")
-    cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+    from megatron_maspo.model.packed_rope import tag_host_bounds
+
+    cu = tag_host_bounds(torch.tensor(bounds, dtype=torch.int32, device=device), bounds)  # RoPE: no sync
     longest = max(lens)
     return HostPackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                                max_seqlen_q=longest, max_seqlen_kv=longest,

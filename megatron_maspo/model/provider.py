@@ -10,6 +10,7 @@ Kernel fusions are on whenever CUDA is present and the kernel they need is insta
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 from dataclasses import dataclass
@@ -59,7 +60,9 @@ class ModelBuildOptions:
     calculate_per_token_loss: bool = True
     """Megatron's exact global token-mean path (loss-formulas.md §2.2)."""
     use_cpu_initialization: bool = True
-    """Draw full master weights on CPU and keep the local slice: identical weights at every TP."""
+    """Draw full master weights on CPU and keep the local slice: identical weights at every TP. Only worth
+    it when the random weights are kept; :func:`loaded_weights_options` turns it off when checkpoint or
+    HF weights overwrite them (each rank then initialises only its own shard, on its device)."""
     init_method_std: float = 0.02
     moe_dispatcher: str = "alltoall"
     """MoE token dispatcher (``model/moe.py``): ``"alltoall"``, ``"allgather"`` or ``"flex"``."""
@@ -146,6 +149,14 @@ def moe_grouped_gemm(opts: ModelBuildOptions) -> bool:
     """Grouped-GEMM experts: on with the TE spec (``TEGroupedMLP``), off with the local spec
     (``SequentialMLP``); one value for the layer spec and the ``TransformerConfig``."""
     return uses_te(opts)
+
+
+def loaded_weights_options(opts: ModelBuildOptions) -> ModelBuildOptions:
+    """``opts`` for a model whose weights are overwritten right after the build (HF or Megatron weights,
+    a reference copy): no full unsharded random draw on the CPU (``use_cpu_initialization=False``; for 7B
+    that is every rank drawing all 7.6 B parameters on the CPU, then keeping 1/TP of them). The local
+    shard is still initialised (on the device), so a parameter a loader missed is random, not garbage."""
+    return dataclasses.replace(opts, use_cpu_initialization=False)
 
 
 def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):

@@ -30,7 +30,9 @@ Object collectives and barriers return at once on a one-rank group.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -39,6 +41,9 @@ import torch.distributed as dist
 from megatron_maspo.parallel.device import on_cuda
 
 ReduceOp = dist.ReduceOp
+
+_bound: torch.device | None = None
+"""This process's GPU (:func:`bind_local_device`): collectives stage there from any thread."""
 
 
 def initialized() -> bool:
@@ -73,8 +78,31 @@ def bind_local_device(local_rank: int | None = None) -> torch.device:
     if not 0 <= idx < n:
         raise RuntimeError(f"LOCAL_RANK={idx} but this node has {n} visible GPU(s); launch at most "
                            f"{n} processes per node (CUDA_VISIBLE_DEVICES)")
+    global _bound
     torch.cuda.set_device(idx)
-    return torch.device("cuda", idx)
+    _bound = torch.device("cuda", idx)
+    return _bound
+
+
+def local_device() -> torch.device | None:
+    """The CUDA device collectives of this process use: the bound one (:func:`bind_local_device`), else the
+    calling thread's current one; None without CUDA. Read explicitly, never from the thread: a helper
+    thread (the weight sync's prefetch) starts on device 0."""
+    if not torch.cuda.is_available():
+        return None
+    return _bound if _bound is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+@contextlib.contextmanager
+def _on_local_device(device: torch.device | None = None) -> Iterator[None]:
+    """torch stages object collectives on ``torch.cuda.current_device()``: make that ``device`` (a CUDA
+    device; default the bound one) for the block."""
+    dev = device if device is not None and device.type == "cuda" else local_device()
+    if dev is None:
+        yield
+        return
+    with torch.cuda.device(dev):
+        yield
 
 
 def init_default_group(timeout_s: float = 1800.0, *, backend: str | None = None) -> tuple[int, int]:
@@ -114,7 +142,7 @@ def comm_device(group: Any = None) -> torch.device:
         return torch.device("cpu")
     dev_type = "cuda" if "cuda" in types else sorted(types)[0]
     if dev_type == "cuda" and on_cuda():
-        return torch.device("cuda", torch.cuda.current_device())
+        return local_device()  # type: ignore[return-value]
     return torch.device(dev_type)
 
 
@@ -203,25 +231,28 @@ def any_true(flag: bool, group: Any = None) -> bool:
 
 
 # --------------------------------------------------------------------------- object collectives
-def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
+def broadcast_object(obj: Any, src: int = 0, group: Any = None, device: torch.device | None = None) -> Any:
     """A picklable object from global rank ``src`` to every rank of ``group``.
 
     torch pickles into a byte tensor on the group's object device (the current CUDA device for
-    NCCL, so ``bind_local_device`` must have run).
+    NCCL: ``device`` if given, else the bound one, from any thread).
     """
     if not active(group):
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src, group=group)
+    with _on_local_device(device):  # torch stages on the current device: the bound one, from any thread
+        dist.broadcast_object_list(box, src=src, group=group)
     return box[0]
 
 
-def all_gather_object(obj: Any, group: Any = None) -> list[Any]:
-    """Every rank's picklable ``obj``, in group-rank order."""
+def all_gather_object(obj: Any, group: Any = None, device: torch.device | None = None) -> list[Any]:
+    """Every rank's picklable ``obj``, in group-rank order (staged on ``device`` for NCCL: a CUDA device,
+    default the bound one, whatever thread calls)."""
     if not active(group):
         return [obj]
     out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
+    with _on_local_device(device):  # the manifest gather runs in the prefetch thread (issue 29, defect 4)
+        dist.all_gather_object(out, obj, group=group)
     return out
 
 

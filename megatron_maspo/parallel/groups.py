@@ -95,6 +95,7 @@ def init_parallel(
     cp: int = 1,
     seed: int = 1234,
     cpu_compat: bool = True,
+    gloo_groups: bool = False,
 ) -> ParallelGroups:
     """Initialise Megatron's parallel state on an already initialised default process group.
 
@@ -107,6 +108,13 @@ def init_parallel(
         vpp: virtual pipeline chunks per stage (None = no interleaving).
         seed: base seed for ``model_parallel_cuda_manual_seed``.
         cpu_compat: install :mod:`megatron_maspo.parallel.cpu_compat` when CUDA is absent.
+        gloo_groups: also create Megatron's gloo data-parallel groups (DP, DP x CP, expert DP; Megatron
+            creates them by default). Their only reader is the distributed optimizer's memory-efficient
+            checkpoint save (``get_parameter_state_dp_zero(use_gloo_comm=True)``: the optimizer state is
+            gathered on DP rank 0 over gloo, in host memory), so the trainer asks for them exactly when it
+            uses the distributed optimizer; every other job (conversion, eval, tests) skips their TCP
+            set-up (a full mesh per group over ``GLOO_SOCKET_IFNAME``'s interface). See
+            :func:`gloo_groups_available`.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised.
@@ -128,6 +136,7 @@ def init_parallel(
         virtual_pipeline_model_parallel_size=vpp,
         expert_model_parallel_size=ep,
         context_parallel_size=cp,
+        create_gloo_process_groups=gloo_groups,
     )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     groups = ParallelGroups(
@@ -153,6 +162,14 @@ def init_parallel(
     )
     logger.debug("parallel state: %s", groups.describe())
     return groups
+
+
+def gloo_groups_available() -> bool:
+    """Whether Megatron's gloo data-parallel groups exist (``init_parallel(gloo_groups=True)``): the
+    optimizer is then built with them and checkpoints use the memory-efficient optimizer save."""
+    from megatron.core import parallel_state as ps
+
+    return getattr(ps, "_DATA_PARALLEL_GROUP_WITH_CP_GLOO", None) is not None
 
 
 def destroy_parallel() -> None:

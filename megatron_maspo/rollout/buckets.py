@@ -210,7 +210,9 @@ def _flush(pending: list[tuple[TensorMeta, torch.Tensor]], used: int, index: int
         buf[meta.offset:meta.offset + flat.numel()].copy_(flat, non_blocking=buf.is_cuda)
         end = meta.offset + flat.numel()
     if buf.is_cuda:
-        torch.cuda.current_stream().synchronize()  # the bucket is complete before another process reads it
+        # the bucket is complete before another process reads it; the buffer's own device, not the
+        # thread's current one (the prefetch thread packs: issue 29, defect 4)
+        torch.cuda.current_stream(buf.device).synchronize()
     release = alloc.releaser(buf) if alloc is not None else None
     return Bucket(buf, [m for m, _ in pending], checksum(buf) if with_checksum else None, index, release)
 

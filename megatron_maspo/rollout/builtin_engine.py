@@ -9,7 +9,7 @@ with one seeded generator per row (``sampling.py``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -40,6 +40,7 @@ class BuiltinEngine:
         self.model = model.to(self.device).eval()
         self._version = 0
         self._asleep = 0
+        self._sleeping: set[str] = set()  # vLLM's tags still asleep: "weights", "kv_cache"
         self._dropped: dict[str, torch.Size] = {}  # level-2 sleep: parameter shapes to re-allocate
         self.record_routing = False
         """MoE: report each completion's ``routed_experts`` (routing replay; ``rollout/routing.py``)."""
@@ -111,7 +112,8 @@ class BuiltinEngine:
         if missing:
             raise ValueError(f"load_weights: {len(missing)} parameters not delivered: {sorted(missing)[:8]}")
         self._version += 1
-        self._asleep = 0
+        self._sleeping.discard("weights")  # the KV cache wakes separately (wake_up(["kv_cache"]) or generate)
+        self._asleep = 0 if not self._sleeping else self._asleep
 
     def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
         """Verify each bucket's checksum, then :meth:`load_weights` from zero-copy views of its buffer
@@ -137,12 +139,19 @@ class BuiltinEngine:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self._asleep = level
+        self._sleeping = {"weights", "kv_cache"}
 
-    def wake_up(self) -> None:
-        if self._asleep == 2:
-            raise RuntimeError("engine slept at level 2 (weights dropped): call load_weights, not wake_up")
-        self._restore()
-        self._asleep = 0
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Undo :meth:`sleep`, all of it or only ``"weights"`` / ``"kv_cache"`` (vLLM's tags; the KV cache
+        lives only inside ``generate`` here, so waking it costs nothing)."""
+        want = {"weights", "kv_cache"} if tags is None else set(tags)
+        if "weights" in want & self._sleeping:
+            if self._asleep == 2:
+                raise RuntimeError("engine slept at level 2 (weights dropped): call load_weights, not wake_up")
+            self._restore()
+        self._sleeping -= want
+        if not self._sleeping:
+            self._asleep = 0
 
     def _restore(self) -> None:
         """Back on ``self.device``, with parameter storage re-allocated after a level-2 sleep."""
@@ -164,8 +173,9 @@ class BuiltinEngine:
         Returns:
             ``[P][n]`` completions with per-token log-probs of ``log_softmax(z / T)`` (full vocabulary).
         """
-        if self._asleep:
+        if "weights" in self._sleeping:
             raise RuntimeError(f"engine is asleep (level {self._asleep}); wake_up / load_weights first")
+        self.wake_up(["kv_cache"])  # nothing to allocate: the cache is built per call
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate: prompts must be a non-empty list of non-empty token-id lists")
         rows = [(i, j) for i in range(len(prompts)) for j in range(params.n)]

@@ -78,3 +78,21 @@ def sample_tokens(logprobs: torch.Tensor, top_p: float, greedy: bool,
     # x < total strictly, so the first index with cdf > x exists and has probability > 0.
     x = torch.minimum(u.to(cdf.device)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, x, right=True).squeeze(-1)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def batch_seed(seed: int, first_prompt: int) -> int:
+    """The seed of one engine's ``generate`` call (vLLM): a 63-bit mix of the round's seed and the global
+    index of the call's first prompt, so every engine of a step, and every step and round, starts its own
+    random stream (the shards of one step have distinct first prompts). Deterministic: a rerun, or a
+    resumed run, repeats it."""
+    return _splitmix64(_splitmix64(seed & _MASK64) ^ (first_prompt & _MASK64)) >> 1

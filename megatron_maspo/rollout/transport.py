@@ -126,8 +126,31 @@ class BucketPool:
         return lambda: self._free.put(base)
 
 
-def prefetch(items: Iterator[T], depth: int = 1, on_drop: Callable[[T], None] | None = None) -> Iterator[T]:
+def caller_device() -> torch.device | None:
+    """The CUDA device the calling thread runs on (what a helper thread must bind), None without CUDA.
+
+    A new Python thread starts on CUDA device 0 whatever its parent bound (``torch.cuda.set_device`` is
+    per thread), so a thread that allocates, syncs streams or runs NCCL collectives for this rank must be
+    given this device explicitly.
+    """
+    if not torch.cuda.is_available():
+        return None
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def bind_thread_device(device: torch.device | None) -> None:
+    """Make ``device`` the current CUDA device of the calling thread (no-op for None or a CPU device)."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
+def prefetch(items: Iterator[T], depth: int = 1, on_drop: Callable[[T], None] | None = None,
+             device: torch.device | None | str = "caller") -> Iterator[T]:
     """Iterate ``items`` in a background thread, ``depth`` items ahead; exceptions re-raise in the caller.
+
+    The thread runs on ``device`` (default: the caller's, :func:`caller_device`, read here in the
+    calling thread): without it the export's gathers, the bucket copies and their stream syncs would
+    run on GPU 0 of every rank (issue 29, defect 4).
 
     When the caller stops early (an error, ``close``), the producer ends at its next item and items it
     made that nobody consumed go to ``on_drop`` (a bucket's ``release``); the caller may then finish
@@ -139,9 +162,11 @@ def prefetch(items: Iterator[T], depth: int = 1, on_drop: Callable[[T], None] | 
     """
     q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
     stop = threading.Event()
+    bound = caller_device() if isinstance(device, str) and device == "caller" else device
 
     def run() -> None:
         try:
+            bind_thread_device(bound)  # type: ignore[arg-type]
             for it in items:
                 if stop.is_set():
                     if on_drop is not None:

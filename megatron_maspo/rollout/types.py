@@ -5,7 +5,7 @@ Kept free of heavy imports: the trainer, the evaluator and the tests depend on t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -29,8 +29,10 @@ class SamplingParams:
     seed: int | None = None
     """Base seed; with a seed, generation is deterministic for the same prompts and weights."""
     first_prompt: int = 0
-    """Position of ``prompts[0]`` in the step's whole prompt list. Engines that seed per prompt use
-    ``first_prompt + i``, so a prompt's samples do not depend on how the fleet splits the step."""
+    """Position of ``prompts[0]`` in the step's whole prompt list. The built-in engine seeds per prompt
+    and sample from ``first_prompt + i``, so a prompt's samples do not depend on how the fleet splits the
+    step; vLLM seeds the whole call once from ``(seed, first_prompt)`` (``sampling.batch_seed``), so its
+    engines draw distinct streams and a prompt's samples depend on the batch it is in (docs/rollout.md)."""
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -86,8 +88,10 @@ class Engine(Protocol):
         """Release memory for colocation (1: offload weights, drop KV cache; 2: drop both)."""
         ...
 
-    def wake_up(self) -> None:
-        """Undo ``sleep``."""
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Undo ``sleep``: all of it (None), or only ``"weights"`` / ``"kv_cache"`` (vLLM's tags). The trainer
+        wakes the weights for the sync and the KV cache only once its own state is offloaded
+        (``train/actor/offload.py::STEP_PHASES``); ``generate`` wakes whatever is still asleep."""
         ...
 
     @property

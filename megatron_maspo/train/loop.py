@@ -35,9 +35,10 @@ from megatron_maspo.parallel.device import default_device
 from megatron_maspo.parallel.failure import exit_on_error
 from megatron_maspo.parallel.groups import destroy_parallel, init_parallel
 from megatron_maspo.rollout.diagnostics import mismatch_metrics
+from megatron_maspo.rollout.fleet import build_fleet
 from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
 from megatron_maspo.train.actor.checkpoint import load_checkpoint, save_checkpoint
-from megatron_maspo.train.actor.offload import release_cached_memory
+from megatron_maspo.train.actor.offload import build_colocation, release_cached_memory
 from megatron_maspo.train.actor.samples import Sample
 from megatron_maspo.train.components import (
     build_actor,
@@ -90,7 +91,8 @@ class Trainer:
         self.cfg = cfg
         _seed_everything(cfg.train.seed, cfg.train.deterministic)
         p = cfg.parallel
-        self.groups = init_parallel(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, cp=p.cp, seed=cfg.train.seed)
+        self.groups = init_parallel(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, cp=p.cp, seed=cfg.train.seed,
+                                    gloo_groups=p.distributed_optimizer)  # memory-efficient optimizer save
         self.run_dir = Path(cfg.checkpoint.run_dir)
         self.faults = faults.FaultInjector(faults.configured(), self.rank)
         self.tokenizer, self.spec, init = build_policy_source(cfg, self.groups)
@@ -109,9 +111,14 @@ class Trainer:
         # Weight versions count syncs: the initial one, then one per step. A resumed run's fresh engine
         # counts from 0 again, so its tags are offset by the steps already done.
         self.version = self.step
-        self.rollouts = build_rollout_side(cfg, rank=self.rank, world=world, spec=self.spec,
+        fleet = build_fleet(cfg.parallel, cfg.rollout, world)  # the same object the planner reads
+        # the colocation phase order (train/actor/offload.py::STEP_PHASES): the engine starts, sleeps and
+        # wakes around the trainer's offload, so its KV cache can use the trainer's memory
+        self.colocation = build_colocation(self.actor.offloader, cfg.rollout, fleet)
+        self.rollouts = build_rollout_side(cfg, rank=self.rank, fleet=fleet, spec=self.spec,
                                            tokenizer=self.tokenizer, examples=examples, state=state,
-                                           version_offset=self.step, meters=self.meters)
+                                           version_offset=self.step, meters=self.meters,
+                                           start_engine=self.colocation.start_engine)
         if self.rank == 0:
             logger.info("rollout fleet: %s", self.rollouts.fleet.describe(cfg.train.prompts_per_step))
         self.sft_done = bool(state.get("sft_done", False))
@@ -125,10 +132,9 @@ class Trainer:
         (the same on every rank)."""
         tc, t_start = self.cfg.train, time.perf_counter()
         hook = self.faults.at_step(self.step + 1)  # MASPO_FAULT (steps numbered from 1, as logged)
-        offloaded = self.actor.offloader.offload()  # colocation: the engine gets the trainer's memory
+        offloaded = self.colocation.prepare_generation()  # trainer offloaded, then the engine's KV cache
         batch = self.rollouts.batch(self.step, self.version)
-        self.rollouts.sleep()  # the engine frees its memory for the update; the sync refills it
-        self.actor.offloader.reload()
+        self.colocation.prepare_update()  # engine sleeps, then the trainer's state comes back
         samples = samples_from_groups(batch.kept, self.cfg.loss, overlong_filter=tc.overlong_filter,
                                       version_offset=self.rollouts.version_offset)
         _version_check(samples, self.version, self.cfg.loss.corrects_rollout)
@@ -182,7 +188,7 @@ class Trainer:
         rc = self.cfg.rollout
         dtype = self.cfg.model.torch_dtype
         with self.meters.memory.phase("sync"):
-            self.rollouts.wake_weights(self.version)
+            self.colocation.prepare_sync()  # engine weights back; its KV cache waits for the offload
             stats = sync_weights(self.actor.named_modules_unwrapped(), self.spec, self.groups,
                                  self.rollouts.engine, bucket_bytes=bucket_bytes_from_mb(rc.bucket_mb),
                                  dtype=dtype, verify_checksums=rc.verify_checksums,
@@ -226,6 +232,7 @@ class Trainer:
             progress.begin_steps()
             while self.step < tc.steps:
                 if held_out.due(self.step):  # eval/* of θ after self.step updates: its own row
+                    self.colocation.prepare_generation()
                     sink.log(evaluate(), self.step)
                 metrics = self.train_one_step()
                 # Steps count from 1 everywhere: "step k/N" on the console, "step": k in metrics.jsonl
@@ -243,6 +250,7 @@ class Trainer:
                     break
             else:
                 if held_out.due(self.step, final=True):  # the final policy, in its own row
+                    self.colocation.prepare_generation()
                     sink.log(evaluate(), self.step)
         finally:
             progress.close()

@@ -117,12 +117,32 @@ def test_vllm_sampling_contract(synced):
             logits = hf.model(torch.tensor([p + c.token_ids])).logits[0, len(p) - 1:-1]
             want = torch.log_softmax(logits.float() / TEMP, -1).gather(-1, torch.tensor(c.token_ids)[:, None])
             torch.testing.assert_close(torch.tensor(c.logprobs), want.squeeze(-1), rtol=0, atol=1e-4)
-    # Stop: make the second token of the first sample a stop token and regenerate with the same seed.
+    # Stop: make the second token of the first sample a stop token and regenerate with the same seed
+    # (alone: a prompt's seed follows from its global index, not from the batch it is in).
     stop_tok = a[0][0].token_ids[1]
     stopped = engine.generate(PROMPTS[:1], SamplingParams(n=3, temperature=TEMP, max_tokens=MAX_TOKENS,
                                                           seed=123, stop_token_ids=[stop_tok]))[0][0]
     first_hit = a[0][0].token_ids.index(stop_tok)
     assert stopped.finish_reason == "stop" and stopped.token_ids == a[0][0].token_ids[:first_hit + 1]
+
+
+def test_vllm_seeds_follow_the_global_prompt_index(synced):
+    """Issue 29, defect 8a: one seed on every request gave every prompt the same random stream (the same
+    prompt twice in a batch sampled the same responses). Deterministic runs seed each request from the
+    global prompt index: distinct streams inside a batch and across engines (first prompts), and the same
+    call repeats exactly."""
+    from megatron_maspo.rollout.types import SamplingParams
+
+    engine, _, _ = synced
+    twice = [PROMPTS[0], PROMPTS[0]]
+    params = SamplingParams(n=2, temperature=TEMP, max_tokens=MAX_TOKENS, seed=9)
+    out = engine.generate(twice, params)
+    assert [c.token_ids for c in out[0]] != [c.token_ids for c in out[1]]
+    again = engine.generate(twice, params)
+    assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in out]
+    other = engine.generate(twice, SamplingParams(n=2, temperature=TEMP, max_tokens=MAX_TOKENS, seed=9,
+                                                  first_prompt=4))  # another engine's shard
+    assert [[c.token_ids for c in g] for g in other] != [[c.token_ids for c in g] for g in out]
 
 
 def test_vllm_progress_hook_counts_every_sequence(synced):

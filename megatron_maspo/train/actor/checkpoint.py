@@ -11,11 +11,19 @@ directory named ``step_*`` is always complete):
   is read with ``weights_only=True``; every pickle is screened before loading (``model/safe_load.py``).
 
 ``keep_last`` older complete checkpoints are removed by rank 0 after the new one is in place.
-Distributed-optimizer state uses ``fully_reshardable`` sharding (cpu-notes.md §3).
+Distributed-optimizer state uses ``fully_reshardable`` sharding (cpu-notes.md §3), memory-efficient
+where the gloo data-parallel groups exist (the trainer creates them with the distributed optimizer):
+``distrib_optim_fully_reshardable_mem_efficient`` gathers the fp32 master copies and both Adam moments
+over gloo onto DP rank 0 only. Without it megatron-core 0.16.1 all-gathers them (NCCL) onto *every* DP
+rank's CPU (``get_parameter_state_dp_zero(return_on_all_ranks=True)``): 12 bytes per local parameter on
+every rank, ~46 GB per rank for 7B at TP 2, at every save. Both write the same canonical tensors (the
+load reads either). Loading still builds the whole canonical state on every rank (megatron-core's
+``empty_data`` path), once per resume.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import shutil
@@ -49,12 +57,21 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 _OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
+def optimizer_metadata(optimizer: Any) -> dict:
+    """``sharded_state_dict`` metadata: ``fully_reshardable``, memory-efficient when every distributed
+    optimizer inside has its gloo data-parallel group (it gathers over it)."""
+    dist_opts = [o for o in getattr(optimizer, "chained_optimizers", [optimizer])
+                 if hasattr(o, "data_parallel_group_gloo")]
+    mem_efficient = bool(dist_opts) and all(o.data_parallel_group_gloo is not None for o in dist_opts)
+    return {**_OPT_METADATA, "distrib_optim_fully_reshardable_mem_efficient": mem_efficient}
+
+
 def _sharded_state(actor: Any, *, is_loading: bool, with_optimizer: bool) -> dict:
     model_sd = model_sharded_state_dict(actor.named_modules_unwrapped())
     state: dict = dict(model_sd)
     if with_optimizer:
         state["optimizer"] = actor.optimizer.sharded_state_dict(
-            model_sd, is_loading=is_loading, metadata=_OPT_METADATA)
+            model_sd, is_loading=is_loading, metadata=optimizer_metadata(actor.optimizer))
     return state
 
 
@@ -117,6 +134,32 @@ def _fix_dist_optimizer_after_load(optimizer: Any) -> None:
                 st["step"] = st["step"].clone()
 
 
+@contextlib.contextmanager
+def _fully_reshardable_step_compat():
+    """megatron-core 0.16.1 without Apex/TE: torch Adam keeps a ``step`` per parameter state, which the
+    ``fully_reshardable`` loader copies into from the checkpoint tensors, which have none (``step`` comes
+    from the param groups): ``KeyError: 'step'`` on every distributed-optimizer resume. Inside the block
+    only the keys the checkpoint provides are copied (``step`` is then set by Megatron's loader)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    orig = DistributedOptimizer._set_main_param_and_optimizer_states
+
+    def set_present(self, model_param, tensors):
+        if self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            return orig(self, model_param, tensors)
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        dst = {"param": main_param, **self.optimizer.state[main_param]}
+        for key, src in tensors.items():
+            dst[key].copy_(src)
+
+    DistributedOptimizer._set_main_param_and_optimizer_states = set_present
+    try:
+        yield
+    finally:
+        DistributedOptimizer._set_main_param_and_optimizer_states = orig
+
+
 def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True) -> dict:
     """Collectively load a checkpoint written by :func:`save_checkpoint` (any TP/PP layout).
 
@@ -147,7 +190,8 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
         # Megatron's param groups carry their own max_lr / min_lr, which the scheduler reads before its
         # own; the optimizer state would bring back the checkpoint's. Keep this run's (the config's).
         limits = [(g.get("max_lr"), g.get("min_lr")) for g in actor.optimizer.param_groups]
-        actor.optimizer.load_state_dict(loaded["optimizer"])
+        with _fully_reshardable_step_compat():
+            actor.optimizer.load_state_dict(loaded["optimizer"])
         _fix_dist_optimizer_after_load(actor.optimizer)
         for g, (max_lr, min_lr) in zip(actor.optimizer.param_groups, limits, strict=True):
             if max_lr is not None:

@@ -16,7 +16,12 @@ import torch
 
 from megatron_maspo.model.config import ModelConfig
 from megatron_maspo.model.moe import moe_build_options
-from megatron_maspo.model.provider import ModelBuildOptions, attention_options, build_model_chunks
+from megatron_maspo.model.provider import (
+    ModelBuildOptions,
+    attention_options,
+    build_model_chunks,
+    loaded_weights_options,
+)
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.config import ParallelConfig
 from megatron_maspo.parallel.groups import ParallelGroups
@@ -55,7 +60,9 @@ class InferencePolicy:
             raise ValueError(f"parallel groups (tp={groups.tp}, pp={groups.pp}, ep={groups.ep}) do "
                              f"not match parallel (tp={p.tp}, pp={p.pp}, ep={p.ep})")
         self.spec, self.groups = spec, groups
-        self.chunks = build_model_chunks(spec, actor_build_options(model, parallel), pp_rank=groups.pp_rank)
+        opts = actor_build_options(model, parallel)
+        self.chunks = build_model_chunks(spec, opts if init_weights is None else loaded_weights_options(opts),
+                                         pp_rank=groups.pp_rank)
         if init_weights is not None:
             init_weights(self.chunks)
         for c in self.chunks:

@@ -35,7 +35,7 @@ from megatron_maspo.loss.metrics import finalize_metrics, reduce_metrics
 from megatron_maspo.loss.policy import compute_policy_loss
 from megatron_maspo.model.config import ModelConfig
 from megatron_maspo.model.packed_attention import build_packed_seq_params
-from megatron_maspo.model.provider import build_model_chunks
+from megatron_maspo.model.provider import build_model_chunks, loaded_weights_options
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.config import ParallelConfig
@@ -109,7 +109,9 @@ class MegatronActor:
         self.loss_cfg, self.train_cfg, self.temperature = loss, train, temperature
         self.device = default_device()
         self.opts = actor_build_options(model, parallel)  # shared with the inference-only policy
-        chunks = build_model_chunks(spec, self.opts, pp_rank=groups.pp_rank)
+        # loaded weights replace the random ones: skip the full CPU draw (model/provider.py)
+        build_opts = self.opts if init_weights is None else loaded_weights_options(self.opts)
+        chunks = build_model_chunks(spec, build_opts, pp_rank=groups.pp_rank)
         for c in chunks:
             # packed rows differ in length: PP stages exchange shapes first
             c.config.variable_seq_lengths = p.pp > 1
@@ -118,7 +120,7 @@ class MegatronActor:
         self.reference: list | None = None
         if train.reference_model or loss.kl_coef > 0:
             # A fresh build + state copy: deepcopy fails on the process groups the modules hold.
-            self.reference = build_model_chunks(spec, self.opts, pp_rank=groups.pp_rank)
+            self.reference = build_model_chunks(spec, loaded_weights_options(self.opts), pp_rank=groups.pp_rank)
             for ref, c in zip(self.reference, chunks):
                 ref.config.variable_seq_lengths = p.pp > 1
                 ref.load_state_dict(c.state_dict())

@@ -16,22 +16,39 @@ train or export while :attr:`StateOffloader.offloaded` is set.
 Categories are claimed in the order params → grads → optimizer: a storage already claimed by an
 earlier category (fp32 training without master copies: the optimizer's params *are* the model's)
 is never offloaded by a later one, whichever categories are enabled.
+
+Host memory: one slab per category, of exactly the bytes it holds (each storage at a 512-byte aligned
+offset), pinned in place with ``cudaHostRegister``. ``torch.empty(..., pin_memory=True)`` would go through
+torch's caching host allocator, which rounds every allocation up to a power of two (a 40 GiB optimizer
+state would pin 64 GiB). Slabs are kept and reused while they are large enough.
+
+Phase order (:data:`STEP_PHASES`, driven by :class:`Colocation`): the engine's KV cache is woken only
+after the trainer's state has left the GPU, and the trainer's state comes back only after the engine
+slept, so the memory the offload frees is the memory the KV cache gets:
+
+    offload_trainer -> wake_kv_cache -> generate -> sleep_engine -> reload_trainer -> train
+                    -> wake_weights -> sync (-> checkpoint, between steps) -> offload_trainer -> ...
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable, Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.device import on_cuda
 
 logger = logging.getLogger(__name__)
 
 CATEGORIES = ("params", "grads", "optimizer")
+HOST_ALIGN = 512
+"""Byte alignment of each storage inside a category's host slab."""
 
 
 def release_cached_memory() -> None:
@@ -101,6 +118,42 @@ def _bytes(storage: torch.UntypedStorage, n: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (n,), (1,))
 
 
+def _aligned(n: int) -> int:
+    return (n + HOST_ALIGN - 1) // HOST_ALIGN * HOST_ALIGN
+
+
+def _host_register(t: torch.Tensor) -> bool:
+    """Page-lock ``t``'s memory in place (``cudaHostRegister``, portable: as torch's own
+    ``torch/cuda/_pin_memory_utils.py`` does for checkpoint staging); False (and a warning) if CUDA refuses."""
+    cudart: Any = torch.cuda.cudart()
+    err = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 1)
+    if int(err) != 0:
+        logger.warning("offload: cudaHostRegister of %d bytes failed (%s); copies will be synchronous",
+                       t.numel(), err)
+        return False
+    return True
+
+
+def _host_unregister(t: torch.Tensor) -> None:
+    cudart: Any = torch.cuda.cudart()
+    cudart.cudaHostUnregister(t.data_ptr())
+
+
+class HostSlab:
+    """``nbytes`` of host memory, exactly: allocated by the CPU allocator (no rounding) and, with ``pin``,
+    page-locked in place, so device copies are asynchronous DMA; unpinned when the slab is collected."""
+
+    def __init__(self, nbytes: int, pin: bool) -> None:
+        self.tensor = torch.empty(nbytes, dtype=torch.uint8)
+        self.pinned = bool(pin and nbytes and _host_register(self.tensor))
+        if self.pinned:
+            weakref.finalize(self, _host_unregister, self.tensor)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel()
+
+
 @dataclass
 class StateOffloader:
     """Moves the enabled categories of a model's training state to host memory and back.
@@ -111,27 +164,31 @@ class StateOffloader:
         enabled: the categories to move (a subset of ``CATEGORIES``); empty = a no-op offloader.
         device: only storages on this device are moved (on GPU, CPU-side scalars such as Adam's
             ``step`` stay put).
+        pin: page-lock the host slabs (default: when ``device`` is a GPU).
     """
 
     collect: Callable[[], dict[str, list[torch.Tensor]]]
     enabled: tuple[str, ...] = ()
     device: torch.device = torch.device("cpu")
+    pin: bool | None = None
     offloaded: bool = False
     bytes_by_category: dict[str, int] = field(default_factory=dict)
     _slots: list[_Slot] = field(default_factory=list)
-    _pool: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # host buffers by size, reused
+    _slabs: dict[str, HostSlab] = field(default_factory=dict)  # one per category, reused while large enough
 
     def __post_init__(self) -> None:
         bad = set(self.enabled) - set(CATEGORIES)
         if bad:
             raise ValueError(f"offload categories {sorted(bad)}; accepted: {list(CATEGORIES)}")
         self.device = torch.device(self.device)
+        if self.pin is None:
+            self.pin = self.device.type == "cuda"
 
-    def _storages(self) -> list[torch.UntypedStorage]:
-        """Distinct resizable storages of the enabled categories on ``device``, in claim order."""
+    def _storages(self) -> dict[str, list[torch.UntypedStorage]]:
+        """Distinct resizable storages of each enabled category on ``device``, in claim order."""
         tensors = self.collect()
         claimed: set[int] = set()
-        out: list[torch.UntypedStorage] = []
+        out: dict[str, list[torch.UntypedStorage]] = {}
         for cat in CATEGORIES:
             total = 0
             for t in tensors.get(cat, []):
@@ -146,29 +203,45 @@ class StateOffloader:
                     logger.warning("offload: a %s storage of %d bytes is not resizable; kept on %s",
                                    cat, st.nbytes(), self.device)
                     continue
-                out.append(st)
+                out.setdefault(cat, []).append(st)
                 total += st.nbytes()
             self.bytes_by_category[cat] = total if cat in self.enabled else 0
         return out
 
     @property
     def nbytes(self) -> int:
-        """Bytes moved by one :meth:`offload`."""
+        """Bytes moved by one :meth:`offload` (0 while the state is on the device)."""
         return sum(s.nbytes for s in self._slots)
+
+    @property
+    def host_nbytes(self) -> int:
+        """Host memory the slabs hold (pinned on GPU): the offloaded bytes plus at most 511 bytes of
+        alignment per storage, never a power-of-two rounding."""
+        return sum(s.nbytes for s in self._slabs.values())
+
+    def _slab(self, cat: str, need: int) -> HostSlab:
+        slab = self._slabs.get(cat)
+        if slab is None or slab.nbytes < need:
+            self._slabs.pop(cat, None)  # unpin and free the old one before allocating the new one
+            slab = self._slabs[cat] = HostSlab(need, bool(self.pin))
+        return slab
 
     def offload(self) -> int:
         """Copy every enabled storage to host memory and free it on the device; returns bytes moved."""
         if self.offloaded or not self.enabled:
             return 0
-        pin = self.device.type == "cuda"
+        cuda = self.device.type == "cuda"
         with torch.no_grad():
-            for st in self._storages():
-                n = st.nbytes()
-                free = self._pool.get(n)
-                host = free.pop() if free else torch.empty(n, dtype=torch.uint8, pin_memory=pin)
-                host.copy_(_bytes(st, n), non_blocking=pin)
-                self._slots.append(_Slot(st, n, host))
-            if pin:
+            for cat, storages in self._storages().items():
+                sizes = [st.nbytes() for st in storages]
+                slab = self._slab(cat, sum(_aligned(n) for n in sizes))
+                offset = 0
+                for st, n in zip(storages, sizes):
+                    host = slab.tensor[offset:offset + n]
+                    host.copy_(_bytes(st, n), non_blocking=slab.pinned)
+                    self._slots.append(_Slot(st, n, host))
+                    offset += _aligned(n)
+            if cuda:
                 torch.cuda.current_stream(self.device).synchronize()
             for s in self._slots:
                 s.storage.resize_(0)
@@ -180,17 +253,15 @@ class StateOffloader:
         """Re-allocate every offloaded storage on the device and copy its bytes back; returns bytes moved."""
         if not self.offloaded:
             return 0
-        pin = self.device.type == "cuda"
+        cuda = self.device.type == "cuda"
         with torch.no_grad():
             for s in self._slots:
                 s.storage.resize_(s.nbytes)
-                _bytes(s.storage, s.nbytes).copy_(s.host, non_blocking=pin)
-            if pin:
+                _bytes(s.storage, s.nbytes).copy_(s.host, non_blocking=cuda and bool(self.pin))
+            if cuda:
                 torch.cuda.current_stream(self.device).synchronize()
         moved = self.nbytes
-        for s in self._slots:  # pinned buffers are slow to allocate: keep them for the next step
-            self._pool.setdefault(s.nbytes, []).append(s.host)
-        self._slots = []
+        self._slots = []  # the slabs stay: pinning is slow, the next step reuses them
         self.offloaded = False
         return moved
 
@@ -198,3 +269,143 @@ class StateOffloader:
 def offload_categories(params: bool, grads: bool, optimizer: bool) -> tuple[str, ...]:
     """The enabled categories, in claim order, from three switches (``train.offload_*``)."""
     return tuple(c for c, on in zip(CATEGORIES, (params, grads, optimizer)) if on)
+
+
+# --------------------------------------------------------------------------- colocation phase order
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a colocated step: what runs, and what occupies the GPU while (and after) it runs.
+
+    ``resident`` names memory terms: ``trainer_kept`` (training state the offload leaves on the GPU),
+    ``trainer_offloaded`` (what ``train.offload_*`` moves), ``engine_weights``, ``kv_cache`` (the engine's,
+    sized when it started), ``activations`` (the update's activations and log-prob workspace),
+    ``buckets`` (the sync's double-buffered buckets).
+    """
+
+    name: str
+    does: str
+    resident: frozenset[str]
+
+
+def _phase(name: str, does: str, *resident: str) -> Phase:
+    return Phase(name, does, frozenset(resident))
+
+
+STEP_PHASES: tuple[Phase, ...] = (
+    _phase("offload_trainer", "every rank: StateOffloader.offload(), then a barrier when an engine spans "
+           "other ranks' GPUs", "trainer_kept", "engine_weights"),
+    _phase("wake_kv_cache", "engine.wake_up(['kv_cache']): the KV cache (sized at engine start) is mapped "
+           "into the memory the offload freed", "trainer_kept", "engine_weights", "kv_cache"),
+    _phase("generate", "engine.generate (+ grading)", "trainer_kept", "engine_weights", "kv_cache"),
+    _phase("sleep_engine", "engine.sleep(rollout.sleep_level): KV cache dropped, weights to host (1) or "
+           "dropped (2); then a barrier when an engine spans other ranks' GPUs", "trainer_kept"),
+    _phase("reload_trainer", "StateOffloader.reload()", "trainer_kept", "trainer_offloaded"),
+    _phase("train", "old log-probs and the update; cached blocks released after",
+           "trainer_kept", "trainer_offloaded", "activations"),
+    _phase("wake_weights", "engine.wake_up(['weights'])", "trainer_kept", "trainer_offloaded",
+           "engine_weights"),
+    _phase("sync", "export -> buckets -> engine (checkpoints and evaluation come after it)",
+           "trainer_kept", "trainer_offloaded", "engine_weights", "buckets"),
+)
+"""One RL step of colocated training and generation, in order (the next step starts again at the top).
+Read by :class:`Colocation` (which runs it), the planner and ``maspo check``."""
+
+
+def phase_order() -> tuple[str, ...]:
+    """The names of :data:`STEP_PHASES`, in order."""
+    return tuple(p.name for p in STEP_PHASES)
+
+
+def phase_peaks(sizes: Mapping[str, float]) -> dict[str, float]:
+    """GPU memory per phase: the sum of ``sizes`` (bytes or GiB per resident term; missing = 0) over
+    each phase's ``resident`` set, ``{phase name: total}``."""
+    return {p.name: sum(float(sizes.get(k, 0.0)) for k in p.resident) for p in STEP_PHASES}
+
+
+@dataclass
+class Colocation:
+    """Runs :data:`STEP_PHASES`: the engine's sleep / wake and the trainer's offload / reload, in order.
+
+    Every rank calls every method at the same point of the step (``engine`` is None on ranks that own no
+    engine). ``barrier`` (a collective over all ranks) is called where one rank's memory move must be done
+    before another rank's engine touches the same GPU: only when an engine's workers use other ranks'
+    GPUs (``spans_ranks``: vLLM TP > 1). Methods are idempotent within a step; :attr:`trace` records the
+    phases that acted (tests).
+
+    Args:
+        offloader: the trainer's :class:`StateOffloader` (a no-op one without ``train.offload_*``).
+        sleep_level: ``rollout.sleep_level``.
+    """
+
+    offloader: StateOffloader
+    sleep_level: int = 2
+    engine: Any = None
+    spans_ranks: bool = False
+    barrier: Callable[[], None] = lambda: None
+    trace: list[str] = field(default_factory=list)
+    _engine_asleep: bool = False
+    _kv_asleep: bool = False
+
+    def _sync_ranks(self) -> None:
+        if self.spans_ranks:
+            self.barrier()
+
+    def start_engine(self, build: Callable[[], Any] | None) -> Any:
+        """Start the engine (``build()``; None on ranks without one) where the KV cache it sizes can use
+        the offloaded memory: trainer offloaded while it starts, engine asleep and trainer back after.
+        Without offload the engine simply starts (and stays awake, as before)."""
+        if not self.offloader.enabled:
+            self.engine = build() if build is not None else None
+            return self.engine
+        self.offloader.offload()
+        self._sync_ranks()
+        self.engine = build() if build is not None else None
+        self._sync_ranks()
+        self.prepare_update()
+        return self.engine
+
+    def prepare_generation(self) -> int:
+        """offload_trainer -> wake_kv_cache; returns the bytes now offloaded (also when an earlier call of
+        this step, e.g. before an evaluation, did the move)."""
+        if self.offloader.enabled and not self.offloader.offloaded:
+            self.offloader.offload()
+            self.trace.append("offload_trainer")
+            self._sync_ranks()
+        if self._kv_asleep:
+            if self.engine is not None:
+                self.engine.wake_up(["kv_cache"])
+            self._kv_asleep = False
+            self.trace.append("wake_kv_cache")
+        return self.offloader.nbytes
+
+    def prepare_update(self) -> None:
+        """sleep_engine -> reload_trainer (after generation, before the old log-probs and the update)."""
+        if not self._engine_asleep:
+            if self.engine is not None:
+                self.engine.sleep(self.sleep_level)
+            self._engine_asleep = self._kv_asleep = True
+            self.trace.append("sleep_engine")
+            self._sync_ranks()
+        if self.offloader.offloaded:
+            self.offloader.reload()
+            self.trace.append("reload_trainer")
+
+    def prepare_sync(self) -> None:
+        """wake_weights (the trainer's state is on the GPU: the export reads it). Level 1 brings the kept
+        weights back here; after level 2 the sync's load re-allocates them (``load_buckets`` /
+        ``load_weights``). The KV cache stays asleep until :meth:`prepare_generation` has offloaded the
+        trainer."""
+        if self.offloader.offloaded:
+            raise RuntimeError("colocation: the trainer's state is offloaded; the sync needs it on the GPU")
+        if self._engine_asleep:
+            if self.engine is not None and self.sleep_level == 1:
+                self.engine.wake_up(["weights"])
+            self._engine_asleep = False
+            self.trace.append("wake_weights")
+
+
+def build_colocation(offloader: StateOffloader, rollout: Any, fleet: Any) -> Colocation:
+    """The :class:`Colocation` of a run: ``rollout.sleep_level``, barriers over the world only when an
+    engine's workers use other ranks' GPUs (``fleet.rollout_tp > 1``)."""
+    return Colocation(offloader, sleep_level=rollout.sleep_level,
+                      spans_ranks=fleet.rollout_tp > 1 and fleet.world > 1, barrier=comm.barrier)

@@ -24,6 +24,7 @@ from megatron.core.distributed import (
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+from megatron_maspo.parallel.groups import gloo_groups_available
 from megatron_maspo.train.config import OptimConfig
 
 logger = logging.getLogger(__name__)
@@ -117,7 +118,8 @@ def build_optimizer(chunks: list, optim: OptimConfig, *, total_steps: int, bf16:
         min_loss_scale=optim.min_loss_scale, loss_scale_window=optim.loss_scale_window,
         hysteresis=optim.loss_scale_hysteresis,
         use_distributed_optimizer=distributed_optimizer)
-    optimizer = get_megatron_optimizer(ocfg, wrapped)
+    # gloo DP groups only where init_parallel made them (the memory-efficient checkpoint save)
+    optimizer = get_megatron_optimizer(ocfg, wrapped, use_gloo_process_groups=gloo_groups_available())
     prefer_fused_adam(optimizer)
     wrapped[0].config.grad_scale_func = optimizer.scale_loss
     steps = max(total_steps, optim.warmup_steps + 1)

@@ -48,8 +48,8 @@ class EngineShard:
     """This rank's engine and everything it needs to sample and grade its share of a round.
 
     Owns its state (engine, tokenizer, grader, prompt examples, the resume offset of its policy
-    versions) and is used through :meth:`generate`, :meth:`sleep`, :meth:`wake_weights` and
-    :meth:`close`; nothing reaches into it.
+    versions) and is used through :meth:`generate` and :meth:`close`; nothing reaches into it
+    (the engine's sleep / wake around the update belong to the loop's ``Colocation``).
 
     Args:
         engine: the rollout engine (built-in or vLLM) this rank owns.
@@ -111,16 +111,6 @@ class EngineShard:
             for j, c in enumerate(g.completions_G):
                 g.rewards_G[j] += overlong_penalty(len(c.token_ids), rc.max_new_tokens, self.overlong_buffer)
         return groups, info
-
-    def sleep(self) -> None:
-        """Free the engine's memory for the update (colocation); the next sync refills its weights."""
-        self.engine.sleep(self.rollout.sleep_level)
-
-    def wake_weights(self) -> None:
-        """Before a sync: level-1 sleep kept the weights offloaded, so wake them; level 2 is woken by
-        the load itself."""
-        if self.rollout.sleep_level == 1:
-            self.engine.wake_up()
 
     def close(self) -> None:
         """Stop the grader's worker pool."""

@@ -3,13 +3,13 @@
 The loop asks this object, and nothing else, for rollouts:
 
     batch   = rollouts.batch(step, version)    every engine samples + grades its shard; all ranks get all
-    rollouts.sleep()                            colocation: the engine frees its memory for the update
     rollouts.metrics(samples, version)          rollout/*, reward/*_total, time/generate, time/grade
     rollouts.state()                            prompt order, grader totals, queued batches (checkpoint)
 
 With ``rollout.max_staleness = k > 0`` batches are generated ahead into a
 :class:`~megatron_maspo.train.rollouts.staleness.StalenessQueue`; with ``k = 0`` every batch is made now
-by the current weights. A colocated :class:`~megatron_maspo.train.rollouts.shard.EngineShard` and (later)
+by the current weights. The engine's sleep and wake around the update follow the loop's
+:class:`~megatron_maspo.train.actor.offload.Colocation` (its phase order is data). A colocated :class:`~megatron_maspo.train.rollouts.shard.EngineShard` and (later)
 a separate engine pool present the same interface, so the loop does not fork.
 """
 
@@ -118,16 +118,6 @@ class RolloutSide:
         groups, rounds = gather_shards(local, self.fleet, len(idx))
         self._rounds += rounds
         return groups
-
-    def sleep(self) -> None:
-        """Colocation: the engine frees its memory for the update (the sync below refills it)."""
-        if self.shard is not None:
-            self.shard.sleep()
-
-    def wake_weights(self, version: int) -> None:
-        """Before a sync; the first sync (``version`` 0) loads into a fresh engine."""
-        if self.shard is not None and version > 0:
-            self.shard.wake_weights()
 
     def metrics(self, samples: list[Sample], trained_version: int) -> dict[str, float]:
         """This step's rollout figures: reward/group metrics over every generated group, phase times (the

@@ -84,3 +84,19 @@ def test_cli_reports_host_memory(capsys):
             f"{m.offloaded['optimizer']:.1f}; pinned host memory {m.host:.1f} GiB per GPU "
             f"({m.host * 8:.0f} GiB per node)") in out
     assert f"offload {plan.time.offload:.1f}" in out
+
+
+def test_planner_phase_order_is_the_trainers():
+    """The planner's rollout order (launch/plan_memory.py::ROLLOUT_PHASE_ORDER) is the trainer's own
+    (train/actor/offload.py::STEP_PHASES, which the loop's Colocation runs): from the end of the update,
+    the engine's weights wake, the sync runs, the trainer's state goes to the host, then the KV cache wakes."""
+    from megatron_maspo.launch.plan_memory import ROLLOUT_PHASE_ORDER
+    from megatron_maspo.train.actor.offload import phase_order
+
+    trainer = phase_order()
+    start = trainer.index("wake_weights")
+    after_update = trainer[start:] + trainer[:start]  # the step is a cycle: wake_weights follows train
+    planner_to_trainer = {"weights_wake": "wake_weights", "sync": "sync", "trainer_offload": "offload_trainer",
+                          "kv_wake": "wake_kv_cache"}
+    planned = [planner_to_trainer[name] for name, _ in ROLLOUT_PHASE_ORDER]
+    assert [p for p in after_update if p in planned] == planned, (after_update, planned)

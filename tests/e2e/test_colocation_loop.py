@@ -1,0 +1,79 @@
+"""The training loop runs the colocation phases in order (issue 29, defect 7): per step, the trainer's
+state is offloaded before the engine's KV cache wakes and generation starts, and reloaded only after the
+engine slept; the sync (and the checkpoint after it) sees the state on the device.
+
+Before the fix the sync woke the engine completely while the state was resident, and the state left
+only at the next step. One CPU process, the tiny model, the built-in engine, every offload category on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.e2e.test_train_cli import MICRO
+
+_SCRIPT = """
+import json, sys
+from megatron_maspo.recipes.registry import resolve_config
+from megatron_maspo.parallel.groups import destroy_parallel
+from megatron_maspo.rollout.builtin_engine import BuiltinEngine
+from megatron_maspo.train.actor import checkpoint as ckpt_mod
+from megatron_maspo.train import loop as loop_mod
+from megatron_maspo.train.actor.offload import StateOffloader
+
+log = []
+OFF = []  # the run's offloader, once built
+
+def note(what):
+    log.append([what, bool(OFF and OFF[0].offloaded)])
+
+def wrap(cls, name, label=None):
+    orig = getattr(cls, name)
+    def f(self, *a, **k):
+        if isinstance(self, StateOffloader) and not OFF:
+            OFF.append(self)
+        tag = label or name
+        if name == "wake_up":
+            tags = a[0] if a else k.get("tags")
+            if not (set(tags or ("weights", "kv_cache")) & self._sleeping):
+                return orig(self, *a, **k)
+            tag = "wake_" + "+".join(tags or ["all"])
+        if name in ("offload", "reload") and not (self.enabled and (self.offloaded == (name == "reload"))):
+            return orig(self, *a, **k)
+        note(tag)
+        return orig(self, *a, **k)
+    setattr(cls, name, f)
+
+for n in ("sleep", "wake_up", "generate", "load_buckets"):
+    wrap(BuiltinEngine, n)
+for n in ("offload", "reload"):
+    wrap(StateOffloader, n)
+orig_save = loop_mod.Trainer.save
+def save(self):
+    note("save")
+    orig_save(self)
+loop_mod.Trainer.save = save
+t = loop_mod.Trainer(resolve_config(None, None, sys.argv[1:]))
+t.run()
+destroy_parallel()
+print("LOG=" + json.dumps(log))
+"""
+
+OFFLOAD = ["train.offload_params=true", "train.offload_grads=true", "train.offload_optimizer=true"]
+
+
+def test_loop_offloads_before_the_kv_cache_wakes_and_reloads_after_the_engine_sleeps(tmp_path):
+    sets = [*MICRO, *OFFLOAD, "train.steps=2", "checkpoint.save_every=0", "train.sft_steps=1",
+            "rollout.sleep_level=2", f"checkpoint.run_dir={tmp_path / 'run'}"]
+    out = subprocess.run([sys.executable, "-c", _SCRIPT, *sets], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = [tuple(x) for x in json.loads(out.stdout.split("LOG=")[-1])]
+    start = [("offload", False), ("sleep", True), ("reload", True)]  # the engine starts on offloaded memory
+    sync = [("load_buckets", False)]  # level 2: the load re-allocates the weights
+    step = [("offload", False), ("wake_kv_cache", True), ("generate", True), ("sleep", True),
+            ("reload", True), ("load_buckets", False)]
+    assert log == start + sync + step + step + [("save", False)], log
