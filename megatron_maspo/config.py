@@ -82,10 +82,12 @@ def check_combinations(cfg: MaspoConfig) -> None:
             so it is asked for rather than silently switched on.
     """
     longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
-    if cfg.train.max_tokens_per_micro_batch < longest:
+    # the budget counts tokens per context-parallel rank: a row of cp x budget tokens holds a sequence
+    if cfg.train.max_tokens_per_micro_batch * cfg.parallel.cp < longest:
         # A packed row holds whole sequences; one longer than the budget cannot be placed at all.
         raise ValueError(
-            f"train.max_tokens_per_micro_batch={cfg.train.max_tokens_per_micro_batch} is below the longest "
+            f"train.max_tokens_per_micro_batch={cfg.train.max_tokens_per_micro_batch}"
+            f"{f' x parallel.cp={cfg.parallel.cp}' if cfg.parallel.cp > 1 else ''} is below the longest "
             f"possible sequence, data.max_prompt_tokens + rollout.max_new_tokens = {longest}: raise it, or "
             "lower those two")
     if cfg.rollout.max_staleness > 0 and not cfg.loss.corrects_rollout:

@@ -88,7 +88,7 @@ def local_device() -> torch.device | None:
     """The CUDA device collectives of this process use: the bound one (:func:`bind_local_device`), else the
     calling thread's current one; None without CUDA. Read explicitly, never from the thread: a helper
     thread (the weight sync's prefetch) starts on device 0."""
-    if not torch.cuda.is_available():
+    if not on_cuda():
         return None
     return _bound if _bound is not None else torch.device("cuda", torch.cuda.current_device())
 

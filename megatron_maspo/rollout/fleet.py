@@ -192,7 +192,8 @@ def processes_per_node(world: int, env: Mapping[str, str] | None = None) -> int:
     return world
 
 
-def owner_gpus(fleet: FleetLayout, rank: int, env: Mapping[str, str] | None = None) -> tuple[int, ...] | None:
+def owner_gpus(fleet: FleetLayout, rank: int, env: Mapping[str, str] | None = None, *,
+               cuda: bool | None = None) -> tuple[int, ...] | None:
     """The local GPUs of the engine ``rank`` owns (None when it owns none), checked against its ``LOCAL_RANK``.
 
     Raises:
@@ -205,7 +206,7 @@ def owner_gpus(fleet: FleetLayout, rank: int, env: Mapping[str, str] | None = No
         return None
     gpus = fleet.engine_gpus(engine, processes_per_node(fleet.world, env))
     local = env.get("LOCAL_RANK")
-    if not on_cuda():  # no devices to claim (CPU ranks, gloo): the placement is data only, nothing to check
+    if not (on_cuda() if cuda is None else cuda):  # CPU ranks claim no device: the placement is data only
         return gpus
     if local is not None and local.isdigit() and int(local) != gpus[0]:
         raise RuntimeError(f"fleet: rank {rank} has LOCAL_RANK={local}, but the layout places its engine on "

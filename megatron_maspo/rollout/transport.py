@@ -32,6 +32,8 @@ import torch
 import torch.multiprocessing as tmp
 from torch.multiprocessing.reductions import reduce_tensor
 
+from megatron_maspo.parallel.device import on_cuda
+
 T = TypeVar("T")
 
 
@@ -133,7 +135,7 @@ def caller_device() -> torch.device | None:
     per thread), so a thread that allocates, syncs streams or runs NCCL collectives for this rank must be
     given this device explicitly.
     """
-    if not torch.cuda.is_available():
+    if not on_cuda():
         return None
     return torch.device("cuda", torch.cuda.current_device())
 

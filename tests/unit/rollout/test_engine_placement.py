@@ -78,7 +78,7 @@ def test_owner_gpus_from_the_launcher_environment():
     assert owner_gpus(f, 10, env) == (2, 3)  # rank 10 = node 1, local rank 2
     assert owner_gpus(f, 11, env) is None  # not an owner
     with pytest.raises(RuntimeError, match="node-major"):
-        owner_gpus(f, 10, {"LOCAL_WORLD_SIZE": "8", "LOCAL_RANK": "0"})
+        owner_gpus(f, 10, {"LOCAL_WORLD_SIZE": "8", "LOCAL_RANK": "0"}, cuda=True)
 
 
 def test_builtin_engine_uses_the_owner_ranks_gpu():

@@ -14,7 +14,7 @@ import threading
 import pytest
 import torch
 
-from megatron_maspo.parallel import comm
+from megatron_maspo.parallel import comm, device
 from megatron_maspo.rollout import transport
 
 
@@ -22,7 +22,8 @@ from megatron_maspo.rollout import transport
 def fake_cuda(monkeypatch):
     """CUDA 'available', the calling thread on device 5, and every set_device recorded with its thread."""
     calls: list[tuple[str, torch.device]] = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for module in (transport, comm):  # the device seam (parallel/device.py::on_cuda) as these modules see it
+        monkeypatch.setattr(module, "on_cuda", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 5)
     monkeypatch.setattr(torch.cuda, "set_device",
                         lambda d: calls.append((threading.current_thread().name, torch.device(d))))
@@ -45,7 +46,7 @@ def test_prefetch_thread_binds_an_explicit_device(fake_cuda):
 
 def test_prefetch_binds_nothing_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: pytest.fail("set_device on a CPU box"))
-    assert transport.caller_device() is None or torch.cuda.is_available()
+    assert transport.caller_device() is None or device.on_cuda()
     assert list(transport.prefetch(iter([1, 2]), device=None)) == [1, 2]
 
 

@@ -7,6 +7,7 @@ recording stand-in."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 
@@ -80,10 +81,14 @@ def test_fast_mode_sends_no_request_seed_and_reseeds_the_workers_once_per_call(m
 
 
 def test_from_config_follows_train_deterministic(make_engine):
-    from megatron_maspo.config import load_recipe
     from megatron_maspo.model.spec import tiny_qwen2_spec
+    from megatron_maspo.recipes.registry import load_recipe
     from megatron_maspo.rollout.vllm_engine import VllmEngine
+    from megatron_maspo.train.components import build_engine
 
     spec = tiny_qwen2_spec(vocab_size=64, num_layers=1, hidden_size=32)
     for recipe, per_request in (("tiny", True), ("r1_distill_qwen_7b_maspo", False)):
-        assert VllmEngine.from_config(load_recipe(recipe), spec).seed_per_request is per_request
+        cfg = load_recipe(recipe)
+        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, engine="vllm"))
+        engine = build_engine(cfg, spec, None)  # the trainer's builder passes train.deterministic through
+        assert isinstance(engine, VllmEngine) and engine.seed_per_request is per_request

@@ -65,7 +65,7 @@ def test_host_memory_is_one_exact_slab_per_category_not_power_of_two(monkeypatch
     """Pinned buffers from torch's caching host allocator round each allocation up to a power of two;
     the offloader pins one slab per category of exactly its bytes (+ 512-byte alignment) in place
     (cudaHostRegister, recorded here so the pinned path runs on CPU)."""
-    from megatron_maspo.train import offload as O
+    from megatron_maspo.train.actor import offload as O
 
     registered: list[int] = []
     monkeypatch.setattr(O, "_host_register", lambda t: registered.append(t.numel()) or True)
