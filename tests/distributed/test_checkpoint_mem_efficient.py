@@ -19,11 +19,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 def _actor(world: int, gloo: bool):
     from megatron_maspo.parallel.groups import init_parallel
-    from megatron_maspo.train.actor.megatron_actor import MegatronActor
+    from megatron_maspo.train.components import build_actor
 
     spec = H.qwen2_spec()
     groups = init_parallel(seed=11, gloo_groups=gloo)
-    return MegatronActor(H.make_cfg(world, dist_opt=True), spec, groups, init_weights=H.name_init(spec, groups))
+    return build_actor(H.make_cfg(world, dist_opt=True), spec, groups, init_weights=H.name_init(spec, groups))
 
 
 def _opt_state(actor) -> list[torch.Tensor]:

@@ -13,8 +13,7 @@ def _worker(rank: int, world: int) -> dict:
     from megatron.core.tensor_parallel import layers
 
     from megatron_maspo.parallel.groups import init_parallel
-    from megatron_maspo.train.actor.inference import InferencePolicy
-    from megatron_maspo.train.actor.megatron_actor import MegatronActor
+    from megatron_maspo.train.components import build_actor, build_inference_policy
 
     full_draws: list[tuple[int, ...]] = []
     orig = layers._initialize_affine_weight_cpu
@@ -28,11 +27,11 @@ def _worker(rank: int, world: int) -> dict:
     groups = init_parallel(seed=11)
     cfg = H.make_cfg(world, reference_model=True)
     out = {}
-    MegatronActor(cfg, spec, groups)  # Megatron's seeded initialisation is kept: the full draw stays
+    build_actor(cfg, spec, groups)  # Megatron's seeded initialisation is kept: the full draw stays
     out["random"] = len(full_draws)
     full_draws.clear()
-    loaded = MegatronActor(cfg, spec, groups, init_weights=H.name_init(spec, groups))
-    InferencePolicy(cfg, spec, groups, init_weights=H.name_init(spec, groups))
+    loaded = build_actor(cfg, spec, groups, init_weights=H.name_init(spec, groups))
+    build_inference_policy(cfg, spec, groups, init_weights=H.name_init(spec, groups))
     out["loaded"] = len(full_draws)
     out["cpu_init"] = [c.module.config.use_cpu_initialization for c in loaded.chunks]
     ref = {n: p for c in loaded.reference for n, p in c.named_parameters()}
