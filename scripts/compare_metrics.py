@@ -1,0 +1,44 @@
+"""Compare two runs' metrics.jsonl row by row, timings aside: did a refactor change behaviour?
+
+    python scripts/compare_metrics.py runs/before/metrics.jsonl runs/after/metrics.jsonl
+
+Every key is compared exactly except ``time/*``, ``memory/*``, ``*_per_s``, ``rollout/gen_tokens_per_s_*`` and ``sync/gb_per_s`` (they
+depend on the machine's load). Prints each difference and a closing count; exits 1 when any differ.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _skip(key: str) -> bool:
+    return (key.startswith(("time/", "memory/", "rollout/gen_tokens_per_s")) or key.endswith("_per_s")
+            or key == "sync/gb_per_s")
+
+
+def _rows(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def compare(a_path: str, b_path: str) -> int:
+    a, b = _rows(a_path), _rows(b_path)
+    diffs = 0 if len(a) == len(b) else 1
+    if diffs:
+        print(f"row counts differ: {len(a)} vs {len(b)}")
+    for i, (x, y) in enumerate(zip(a, b)):
+        kx, ky = {k for k in x if not _skip(k)}, {k for k in y if not _skip(k)}
+        if kx != ky:
+            print(f"row {i}: keys differ: {sorted(kx ^ ky)}")
+            diffs += 1
+        for k in sorted(kx & ky):
+            if x[k] != y[k]:
+                print(f"row {i}: {k}: {x[k]!r} vs {y[k]!r}")
+                diffs += 1
+    print(f"{min(len(a), len(b))} rows compared, {diffs} differences")
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(compare(sys.argv[1], sys.argv[2]))
