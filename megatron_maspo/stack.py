@@ -113,15 +113,6 @@ def apex_version(dist_version: str | None) -> str | None:
     return dist_version or "present (no version)"
 
 
-def te_import_error() -> str | None:
-    """Why ``import transformer_engine.pytorch`` fails (its extension is built against the local torch)."""
-    try:
-        import transformer_engine.pytorch  # noqa: F401
-    except Exception as e:  # noqa: BLE001 (an undefined symbol is an OSError/ImportError: any reason counts)
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
-    return None
-
-
 def _driver_and_gpus(torch) -> tuple[str | None, list[str]]:
     from megatron_maspo.parallel.device import on_cuda
 
@@ -155,6 +146,8 @@ def collect(*, try_te: bool | None = None) -> StackReport:
     driver, gpus = _driver_and_gpus(torch)
     if try_te is None:
         try_te = bool(gpus)
+    from megatron_maspo.model.te_spec import te_import_error  # TE's one leaf module
+
     te_error = te_import_error() if try_te and versions.get("transformer-engine") else None
     return StackReport(versions, requires, torch.version.cuda, nccl, driver, gpus, te_error)
 

@@ -150,7 +150,7 @@ class BapoParams:
 
 
 def bapo_released_code() -> BapoParams:
-    """BAPO as its authors' released code runs it (WooooDyy/BAPO ``recipe/bapo``; algorithms.md §8):
+    """BAPO as its authors' released code runs it (WooooDyy/BAPO ``recipe/bapo``; docs/loss-formulas.md §8):
     P/N target 0.5 (example script), c_low first, ranges 0.6→0.8 / 1.2→2.0, steps 0.05, searched per
     loss call, dual-clip 3."""
     return BapoParams(target_ratio=0.5, low_range=(0.6, 0.8), high_range=(1.2, 2.0), step_low=0.05,

@@ -55,3 +55,12 @@ def te_layer_spec(spec: ArchSpec, *, grouped_gemm: bool):
     return get_gpt_layer_with_transformer_engine_spec(
         num_experts=spec.num_moe_experts, moe_grouped_gemm=grouped_gemm and bool(spec.num_moe_experts),
         qk_layernorm=spec.qk_layernorm)
+
+
+def te_import_error() -> str | None:
+    """Why ``import transformer_engine.pytorch`` fails (its extension is built against the local torch)."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as e:  # noqa: BLE001 (an undefined symbol is an OSError/ImportError: any reason counts)
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+    return None
