@@ -90,10 +90,30 @@ def check_combinations(cfg: MaspoConfig) -> None:
             f"{f' x parallel.cp={cfg.parallel.cp}' if cfg.parallel.cp > 1 else ''} is below the longest "
             f"possible sequence, data.max_prompt_tokens + rollout.max_new_tokens = {longest}: raise it, or "
             "lower those two")
+    if cfg.rollout.disaggregated:
+        _check_disaggregated(cfg)
     if cfg.rollout.max_staleness > 0 and not cfg.loss.corrects_rollout:
         raise ValueError(f"rollout.max_staleness={cfg.rollout.max_staleness} needs loss.tis_cap "
                          "(e.g. 2.0: truncated IS against the stale rollout log-probs) or another "
                          "loss.rollout_correction.mode (token_mask, icepop, seq_mask)")
+
+
+def _check_disaggregated(cfg: MaspoConfig) -> None:
+    """``rollout.placement=disaggregated`` with the rest of the config (docs/disaggregated.md)."""
+    rc, tc = cfg.rollout, cfg.train
+    if cfg.parallel.world_size <= rc.engine_ranks:
+        raise ValueError(f"rollout.placement=disaggregated with rollout.engine_ranks={rc.engine_ranks} needs "
+                         f"more ranks than that (parallel.world_size={cfg.parallel.world_size}): launch with "
+                         f"torchrun --nproc-per-node {rc.engine_ranks + 1} or more")
+    if rc.in_flight_updates and rc.max_staleness < 1:
+        raise ValueError("rollout.in_flight_updates needs rollout.max_staleness >= 1 (a response that spans "
+                         "an update is off-policy by construction)")
+    if cfg.eval.every:
+        raise ValueError("eval.every > 0 is not supported with rollout.placement=disaggregated (the engines "
+                         "generate ahead of the trainer): evaluate the checkpoints with `maspo eval`")
+    if tc.offload_params or tc.offload_grads or tc.offload_optimizer:
+        raise ValueError("train.offload_* frees GPU memory for a colocated engine; with "
+                         "rollout.placement=disaggregated the engines have GPUs of their own: turn it off")
 
 
 def dump_yaml(cfg: MaspoConfig) -> str:

@@ -1,6 +1,10 @@
 """Compare two runs' metrics.jsonl row by row, timings aside: did a refactor change behaviour?
 
     python scripts/compare_metrics.py runs/before/metrics.jsonl runs/after/metrics.jsonl
+    python scripts/compare_metrics.py runs/colocated/metrics.jsonl runs/disagg/metrics.jsonl --placement
+
+``--placement`` also skips what differs between a colocated and a disaggregated run by design: ``sync/*``,
+``rollout/engine*``, ``rollout/prompts_per_engine*`` and ``rollout/engine_busy_s``.
 
 Every key is compared exactly except ``time/*``, ``memory/*``, ``*_per_s``, ``rollout/gen_tokens_per_s_*`` and ``sync/gb_per_s`` (they
 depend on the machine's load). Prints each difference and a closing count; exits 1 when any differ.
@@ -11,10 +15,12 @@ from __future__ import annotations
 import json
 import sys
 
+PLACEMENT_KEYS = ("sync/", "rollout/engine", "rollout/prompts_per_engine")
 
-def _skip(key: str) -> bool:
+
+def _skip(key: str, placement: bool = False) -> bool:
     return (key.startswith(("time/", "memory/", "rollout/gen_tokens_per_s")) or key.endswith("_per_s")
-            or key == "sync/gb_per_s")
+            or key == "sync/gb_per_s" or (placement and key.startswith(PLACEMENT_KEYS)))
 
 
 def _rows(path: str) -> list[dict]:
@@ -22,13 +28,14 @@ def _rows(path: str) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def compare(a_path: str, b_path: str) -> int:
+def compare(a_path: str, b_path: str, *, placement: bool = False) -> int:
     a, b = _rows(a_path), _rows(b_path)
     diffs = 0 if len(a) == len(b) else 1
     if diffs:
         print(f"row counts differ: {len(a)} vs {len(b)}")
     for i, (x, y) in enumerate(zip(a, b)):
-        kx, ky = {k for k in x if not _skip(k)}, {k for k in y if not _skip(k)}
+        kx = {k for k in x if not _skip(k, placement)}
+        ky = {k for k in y if not _skip(k, placement)}
         if kx != ky:
             print(f"row {i}: keys differ: {sorted(kx ^ ky)}")
             diffs += 1
@@ -41,4 +48,5 @@ def compare(a_path: str, b_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(compare(sys.argv[1], sys.argv[2]))
+    args = [a for a in sys.argv[1:] if a != "--placement"]
+    sys.exit(compare(args[0], args[1], placement="--placement" in sys.argv[1:]))

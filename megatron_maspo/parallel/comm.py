@@ -260,3 +260,81 @@ def barrier(group: Any = None) -> None:
     """Wait for every rank of ``group`` (no-op without a multi-rank world)."""
     if active(group):
         dist.barrier(group=group)
+
+
+# --------------------------------------------------------------------------- groups between pools
+def job_store(timeout_s: float = 1800.0) -> Any:
+    """The job's rendezvous store (torchrun's agent store, or rank 0's TCPStore under srun): what a
+    pool's default group and every :class:`Bridge` are built on, each under its own key prefix."""
+    import datetime
+
+    store, _, _ = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=timeout_s)))
+    return store
+
+
+def init_pool_group(store: Any, pool: str, rank: int, world: int, timeout_s: float = 1800.0) -> tuple[int, int]:
+    """Make this pool's ranks the default group (``rank`` of ``world`` inside the pool), so Megatron and
+    every collective above see only their own pool (disaggregated placement: ``rollout/pools.py``)."""
+    import datetime
+
+    backend = default_backend(world)
+    kw: dict[str, Any] = {"device_id": bind_local_device()} if backend == "nccl" else {}
+    dist.init_process_group(backend, store=dist.PrefixStore(f"maspo/pool/{pool}", store), rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=timeout_s), **kw)
+    return dist.get_rank(), dist.get_world_size()
+
+
+class Bridge:
+    """A process group across pools, outside torch's group registry (the default group of each pool
+    holds only that pool's ranks, so ``new_group`` cannot span them).
+
+    Built straight on the job store under ``maspo/bridge/<name>``; ``ranks`` are global ranks and index 0
+    is the usual root. gloo always works (CPU tensors); ``backend="nccl"`` puts tensors on this process's
+    GPU (weights between GPU pools). Every member must call each operation in the same order, and one
+    bridge is used by one thread only (the engine side runs its weight receiver in a thread of its own,
+    on a bridge of its own).
+    """
+
+    def __init__(self, store: Any, name: str, ranks: tuple[int, ...], rank: int, *, backend: str = "gloo",
+                 timeout_s: float = 1800.0) -> None:
+        import datetime
+
+        if rank not in ranks or len(set(ranks)) != len(ranks):
+            raise ValueError(f"bridge {name!r}: rank {rank} not among distinct ranks {ranks}")
+        self.name, self.ranks, self.index = name, tuple(ranks), ranks.index(rank)
+        prefixed = dist.PrefixStore(f"maspo/bridge/{name}", store)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            self._pg: Any = dist.ProcessGroupNCCL(prefixed, self.index, len(ranks), opts)
+            self.device = local_device()
+        else:
+            self._pg = dist.ProcessGroupGloo(prefixed, self.index, len(ranks), timeout)
+            self.device = torch.device("cpu")
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def broadcast(self, t: torch.Tensor, root: int = 0) -> torch.Tensor:
+        """In-place broadcast of ``t`` from member ``root`` (an index into ``ranks``); returns ``t``."""
+        buf = t if t.device == self.device and t.is_contiguous() else t.to(self.device).contiguous()
+        self._pg.broadcast(buf, root).wait()
+        return _write_back(t, buf)
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """A picklable object from member ``root`` to every member (length, then the pickled bytes)."""
+        import pickle
+
+        if self.index == root:
+            data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)),
+                                    dtype=torch.uint8)
+            n = torch.tensor([data.numel()], dtype=torch.int64)
+        else:
+            n = torch.zeros(1, dtype=torch.int64)
+        self.broadcast(n, root)
+        if self.index != root:
+            data = torch.empty(int(n.item()), dtype=torch.uint8)
+        self.broadcast(data, root)
+        return obj if self.index == root else pickle.loads(data.numpy().tobytes())

@@ -163,12 +163,16 @@ class BuiltinEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, *,
-                 progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
+                 progress: Callable[[int], None] | None = None,
+                 on_step: Callable[[], object] | None = None) -> list[list[Completion]]:
         """Sample ``params.n`` completions per prompt; see :class:`~.types.Engine`.
 
         Args:
             progress: called with the number of sequences that finished since the last call
                 (``P·n`` in all by the time it returns).
+            on_step: in-flight weight updates: called after every decode step; it may call
+                :meth:`load_weights` (the next token is sampled by the new weights over the KV cache the
+                old ones built). Each completion then records ``token_versions``.
 
         Returns:
             ``[P][n]`` completions with per-token log-probs of ``log_softmax(z / T)`` (full vocabulary).
@@ -191,7 +195,9 @@ class BuiltinEngine:
         done = torch.zeros(len(rows), dtype=torch.bool, device=dev)
         cache, step_ids, step_pos = None, ids, pos
         rec = self._routing_recorder()
+        versions: list[int] = []  # the weight version of each decode step (in-flight updates)
         for t in range(params.max_tokens):
+            versions.append(self._version)
             if cache is None:  # the supported cache API: an explicit Cache object, filled in place
                 cache = _new_cache(self.model.config)
             # logits_to_keep=1: the prefill projects only the last prompt position onto the vocabulary
@@ -215,6 +221,8 @@ class BuiltinEngine:
                 break
             step_ids, step_pos = tok[:, None], step_pos[:, -1:] + 1
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            if on_step is not None:
+                on_step()
         if progress is not None and not bool(done.all()):
             progress(int((~done).sum()))  # rows cut at max_tokens finish here
         result: list[list[Completion]] = [[] for _ in prompts]
@@ -225,7 +233,9 @@ class BuiltinEngine:
             n_tok = int(length[r])
             result[i].append(Completion(token_ids=out_tok[r, :n_tok].tolist(), logprobs=out_lp[r, :n_tok].tolist(),
                                         finish_reason="stop" if bool(done[r]) else "length",
-                                        policy_version=self._version, routed_experts=routed[r]))
+                                        policy_version=versions[0],
+                                        token_versions=versions[:n_tok] if on_step is not None else None,
+                                        routed_experts=routed[r]))
         return result
 
     def _routing_recorder(self) -> RoutingRecorder | None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 ENGINES = ("builtin", "vllm")
 TRANSPORTS = ("ipc", "bytes")
+PLACEMENTS = ("colocated", "disaggregated")
 
 
 @dataclass(kw_only=True)
@@ -48,6 +49,19 @@ class RolloutConfig:
     for steps t+1..t+k may run while step t trains (docs/staleness.md). 0 = the
     synchronous loop. k > 0 needs ``loss.tis_cap`` (truncated IS against the stale rollout log-probs) or another
     ``loss.rollout_correction.mode``."""
+    placement: str = "colocated"
+    """``"colocated"``: every rank trains and owns a share of the engines, which sleep while the actor
+    updates (one pool taking turns). ``"disaggregated"``: the last ``engine_ranks`` ranks form a rollout
+    pool that generates continuously into the bounded-staleness queue while the other ranks train;
+    weights are broadcast from the training pool after each update (docs/disaggregated.md)."""
+    engine_ranks: int = 0
+    """Disaggregated only: ranks (GPUs) in the rollout pool, a multiple of the engine TP (``vllm_tp``);
+    the rest of the job trains."""
+    in_flight_updates: bool = False
+    """Disaggregated only: a response in progress when new weights arrive continues under them (each
+    token keeps the log-prob and version it was sampled with; the built-in engine swaps weights between
+    decode steps). Off: every batch is made by exactly one version, the deterministic schedule of
+    ``max_staleness``."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -69,5 +83,31 @@ class RolloutConfig:
         if not isinstance(self.max_staleness, int) or isinstance(self.max_staleness, bool) \
                 or self.max_staleness < 0:
             raise ValueError(f"rollout.max_staleness must be an integer >= 0, got {self.max_staleness!r}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"rollout.placement={self.placement!r}; accepted: {list(PLACEMENTS)}")
+        if not isinstance(self.engine_ranks, int) or isinstance(self.engine_ranks, bool) or self.engine_ranks < 0:
+            raise ValueError(f"rollout.engine_ranks must be an integer >= 0, got {self.engine_ranks!r}")
+        if self.placement == "disaggregated":
+            if self.engine_ranks < 1:
+                raise ValueError("rollout.placement=disaggregated needs rollout.engine_ranks >= 1 (the ranks "
+                                 "of the rollout pool)")
+            if self.engine_ranks % self.engine_tp:
+                raise ValueError(f"rollout.engine_ranks={self.engine_ranks} is not a multiple of the engine "
+                                 f"TP {self.engine_tp} (rollout.vllm_tp)")
+        elif self.engine_ranks or self.in_flight_updates:
+            raise ValueError("rollout.engine_ranks and rollout.in_flight_updates apply only to "
+                             "rollout.placement=disaggregated")
+        if self.in_flight_updates and self.engine != "builtin":
+            raise ValueError("rollout.in_flight_updates needs rollout.engine=builtin for now: vLLM's blocking "
+                             "generate cannot take weights mid-response (partial rollouts are not built yet)")
         if self.sleep_level not in (1, 2):
             raise ValueError(f"rollout.sleep_level={self.sleep_level}; accepted: 1, 2")
+
+    @property
+    def engine_tp(self) -> int:
+        """GPUs per engine: ``vllm_tp`` for vLLM, 1 for the built-in engine."""
+        return self.vllm_tp if self.engine == "vllm" else 1
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.placement == "disaggregated"

@@ -59,6 +59,9 @@ class Completion:
     """``"stop"`` (a stop token fired) or ``"length"`` (``max_tokens`` reached)."""
     policy_version: int = 0
     """Version of the weights that produced this completion (incremented by every weight sync)."""
+    token_versions: list[int] | None = None
+    """In-flight updates only: the weight version each token was sampled with (``policy_version`` is then
+    the first token's); None when one version made the whole response."""
     routed_experts: torch.Tensor | None = None
     """MoE routing replay (``model.routing_replay``): ``[P + n - 1, num_moe_layers, top_k]`` int16
     tensor of the experts the engine chose at every prompt position and every fed-back generated

@@ -17,15 +17,24 @@ from transformers import AutoTokenizer
 from megatron_maspo.config import MaspoConfig
 from megatron_maspo.conversion.dist_ckpt import load_model_checkpoint
 from megatron_maspo.conversion.hf_to_megatron import load_hf_weights
+from megatron_maspo.data.dataset import build_prompt_dataset
 from megatron_maspo.data.tokenizer import build_byte_tokenizer
 from megatron_maspo.model.hf_config import arch_spec_from_hf, hf_config_dict
 from megatron_maspo.model.moe import check_model_layout
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
+from megatron_maspo.parallel import comm
+from megatron_maspo.parallel.device import default_device
 from megatron_maspo.reward.math_reward import MathReward
 from megatron_maspo.rollout.builtin_engine import BuiltinEngine, engine_device
-from megatron_maspo.rollout.fleet import owner_gpus
+from megatron_maspo.rollout.fleet import owner_gpus, processes_per_node
+from megatron_maspo.rollout.pool_sync import WeightReceiver, WeightSender
 from megatron_maspo.train.actor.inference import InferencePolicy
 from megatron_maspo.train.actor.megatron_actor import MegatronActor
+from megatron_maspo.train.observe.memory import PhaseMemory
+from megatron_maspo.train.observe.meters import PhaseMeters
+from megatron_maspo.train.process.distributed import JobPools
+from megatron_maspo.train.rollouts.pool_worker import RolloutWorker
+from megatron_maspo.train.rollouts.remote import RemoteRolloutSide
 from megatron_maspo.train.rollouts.shard import EngineShard
 from megatron_maspo.train.rollouts.side import RolloutSide
 
@@ -128,3 +137,54 @@ def build_rollout_side(cfg: MaspoConfig, *, rank: int, fleet, spec: ArchSpec, to
                             meters=meters)
     return RolloutSide(shard, fleet, num_examples=len(examples), rollout=cfg.rollout, train=cfg.train,
                        state=state, version_offset=version_offset)
+
+
+# ---------------------------------------------------------------------------- disaggregated placement
+def _bridges(cfg: MaspoConfig, pools: JobPools) -> tuple[comm.Bridge | None, comm.Bridge | None]:
+    """This rank's ``weights`` and ``batches`` bridges (None where it is not a member), built in that
+    order on every rank (a bridge's members block in its constructor until all have joined)."""
+    lay, rank = pools.layout, pools.rank
+    weights = (comm.Bridge(pools.store, "weights", lay.weights_ranks, rank, backend=comm.default_backend())
+               if rank in lay.weights_ranks else None)
+    batches = comm.Bridge(pools.store, "batches", lay.batches_ranks, rank) if rank in lay.batches_ranks else None
+    return weights, batches
+
+
+def build_remote_side(cfg: MaspoConfig, pools: JobPools, *, state: dict, version_offset: int) -> RemoteRolloutSide:
+    """The training pool's rollout side: batches from the rollout pool, weights to it (rank 0)."""
+    weights, batches = _bridges(cfg, pools)
+    return RemoteRolloutSide(pools.layout, batches=batches,
+                             sender=WeightSender(weights) if weights is not None else None,
+                             rollout=cfg.rollout, train=cfg.train, state=state, version_offset=version_offset)
+
+
+def run_rollout_pool(cfg: MaspoConfig, pools: JobPools) -> int:
+    """One rank of the rollout pool: its engine (on owner ranks), grader and data, then
+    :class:`RolloutWorker` until the trainer says stop; returns the batches made."""
+    lay = pools.layout
+    tokenizer, spec, _ = build_policy_source(cfg, None)  # weights come with the first sync
+    examples, _ = build_prompt_dataset(cfg.data, tokenizer)
+    fleet, pool_rank = lay.fleet, lay.pool_rank(pools.rank)
+    engine_id = fleet.engine_of(pool_rank)
+    weights, batches = _bridges(cfg, pools)
+    shard = receiver = None
+    if engine_id is not None:
+        gpus = lay.placement(processes_per_node(lay.world))[engine_id].gpus
+        engine = build_engine(cfg, spec, tokenizer, gpus=gpus)
+        receiver = WeightReceiver(weights, device=getattr(engine, "device", "cpu"))
+        shard = EngineShard(engine, engine_id=engine_id, fleet=fleet, tokenizer=tokenizer, examples=examples,
+                            grader=MathReward(cfg.reward), rollout=cfg.rollout, seed=cfg.train.seed,
+                            overlong_buffer=cfg.train.overlong_buffer, version_offset=0,
+                            meters=PhaseMeters(PhaseMemory(default_device())))
+    worker = RolloutWorker(shard, fleet, receiver=receiver, batches=batches, rollout=cfg.rollout,
+                           train=cfg.train, num_examples=len(examples))
+    try:
+        made = worker.run()
+    finally:
+        if shard is not None:
+            shard.close()
+            getattr(shard.engine, "shutdown", lambda: None)()
+    if receiver is not None:
+        receiver.join()
+    logger.info("rollout pool rank %d: %d batches made", pool_rank, made)
+    return made

@@ -36,14 +36,17 @@ from megatron_maspo.parallel.failure import exit_on_error
 from megatron_maspo.parallel.groups import destroy_parallel, init_parallel
 from megatron_maspo.rollout.diagnostics import mismatch_metrics
 from megatron_maspo.rollout.fleet import build_fleet
+from megatron_maspo.rollout.pools import build_pools
 from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
 from megatron_maspo.train.actor.checkpoint import load_checkpoint, save_checkpoint
-from megatron_maspo.train.actor.offload import build_colocation, release_cached_memory
+from megatron_maspo.train.actor.offload import Colocation, build_colocation, release_cached_memory
 from megatron_maspo.train.actor.samples import Sample
 from megatron_maspo.train.components import (
     build_actor,
     build_policy_source,
+    build_remote_side,
     build_rollout_side,
+    run_rollout_pool,
 )
 from megatron_maspo.train.config import CHECKPOINT_SUBDIR
 from megatron_maspo.train.eval_hook import TrainingEval
@@ -54,7 +57,7 @@ from megatron_maspo.train.observe.progress import Progress
 from megatron_maspo.train.observe.sinks import build_sink
 from megatron_maspo.train.preflight import check_layout_supported, check_run_dir
 from megatron_maspo.train.process import faults
-from megatron_maspo.train.process.distributed import setup_distributed
+from megatron_maspo.train.process.distributed import JobPools, setup_distributed, setup_pools
 from megatron_maspo.train.process.signals import StopRequest
 from megatron_maspo.train.rollouts.groups import samples_from_groups
 from megatron_maspo.train.sft import sft_warm_start
@@ -81,11 +84,11 @@ def _version_check(samples: list[Sample], version: int, corrects_rollout: bool) 
 class Trainer:
     """One run: the actor, the rollout side and the sinks, built from the config's sections."""
 
-    def __init__(self, cfg: MaspoConfig, *, resume: bool = False) -> None:
+    def __init__(self, cfg: MaspoConfig, *, resume: bool = False, pools: JobPools | None = None) -> None:
         check_combinations(cfg)  # ValueError; the CLI has already run it (as a ConfigError)
         check_layout_supported(cfg.parallel, cfg.model, cfg.loss)
         ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)  # before the model is built
-        self.rank, world = setup_distributed()
+        self.rank, world = setup_distributed()  # with pools: the training pool's default group
         if world != cfg.parallel.world_size:
             cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, world_size=world))
         self.cfg = cfg
@@ -111,16 +114,20 @@ class Trainer:
         # Weight versions count syncs: the initial one, then one per step. A resumed run's fresh engine
         # counts from 0 again, so its tags are offset by the steps already done.
         self.version = self.step
-        fleet = build_fleet(cfg.parallel, cfg.rollout, world)  # the same object the planner reads
-        # the colocation phase order (train/actor/offload.py::STEP_PHASES): the engine starts, sleeps and
-        # wakes around the trainer's offload, so its KV cache can use the trainer's memory
-        self.colocation = build_colocation(self.actor.offloader, cfg.rollout, fleet)
-        self.rollouts = build_rollout_side(cfg, rank=self.rank, fleet=fleet, spec=self.spec,
-                                           tokenizer=self.tokenizer, examples=examples, state=state,
-                                           version_offset=self.step, meters=self.meters,
-                                           start_engine=self.colocation.start_engine)
+        if pools is not None:  # the engines live in the rollout pool: nothing to take turns with here
+            self.colocation = Colocation(self.actor.offloader)
+            self.rollouts = build_remote_side(cfg, pools, state=state, version_offset=self.step)
+        else:
+            fleet = build_fleet(cfg.parallel, cfg.rollout, world)  # the same object the planner reads
+            # the colocation phase order (train/actor/offload.py::STEP_PHASES): the engine starts, sleeps
+            # and wakes around the trainer's offload, so its KV cache can use the trainer's memory
+            self.colocation = build_colocation(self.actor.offloader, cfg.rollout, fleet)
+            self.rollouts = build_rollout_side(cfg, rank=self.rank, fleet=fleet, spec=self.spec,
+                                               tokenizer=self.tokenizer, examples=examples, state=state,
+                                               version_offset=self.step, meters=self.meters,
+                                               start_engine=self.colocation.start_engine)
         if self.rank == 0:
-            logger.info("rollout fleet: %s", self.rollouts.fleet.describe(cfg.train.prompts_per_step))
+            logger.info("rollout fleet: %s", self.rollouts.describe(cfg.train.prompts_per_step))
         self.sft_done = bool(state.get("sft_done", False))
         self.sync_gb_per_s = 0.0
         if self.rank == 0:
@@ -192,7 +199,7 @@ class Trainer:
             stats = sync_weights(self.actor.named_modules_unwrapped(), self.spec, self.groups,
                                  self.rollouts.engine, bucket_bytes=bucket_bytes_from_mb(rc.bucket_mb),
                                  dtype=dtype, verify_checksums=rc.verify_checksums,
-                                 sender_rank=self.rollouts.fleet.engine_ranks)
+                                 sender_rank=self.rollouts.sender_ranks)
         self.version += 1
         self.sync_gb_per_s = stats.gb_per_s  # engine 0's (rank 0 logs); every owner moves the same bytes
         return stats.seconds
@@ -222,6 +229,7 @@ class Trainer:
                                 tokenizer=self.tokenizer, is_engine_rank=self.rank == 0)
         shard = self.rollouts.shard if self.rank == 0 else None
         evaluate = (lambda: held_out(shard.engine, shard.grader)) if shard is not None else dict
+        clean = False
         try:
             progress.open()
             if not self.sft_done and tc.sft_steps > 0:
@@ -252,10 +260,11 @@ class Trainer:
                 if held_out.due(self.step, final=True):  # the final policy, in its own row
                     self.colocation.prepare_generation()
                     sink.log(evaluate(), self.step)
+            clean = True
         finally:
             progress.close()
             sink.close()
-            self.rollouts.close()
+            self.rollouts.close(clean=clean)  # a rollout pool is told to stop only after a clean end
             stop.restore()  # last: a launcher's SIGTERM during the clean-up only sets the stop flag
         if self.rank == 0 and cfg.logging.plots:
             from megatron_maspo.train.observe.plots import (
@@ -294,8 +303,14 @@ def train(cfg: MaspoConfig, *, resume: bool = False) -> Path:
     """
     faults.configured()  # a malformed MASPO_FAULT fails here, before any work
     with exit_on_error("maspo train"):
+        pools = (setup_pools(lambda world: build_pools(cfg.parallel, cfg.rollout, world))
+                 if cfg.rollout.disaggregated else None)
         try:
-            run_dir = Trainer(cfg, resume=resume).run()
+            if pools is not None and pools.is_rollout:
+                run_rollout_pool(cfg, pools)  # the engines' side of a disaggregated job
+                run_dir = Path(cfg.checkpoint.run_dir)
+            else:
+                run_dir = Trainer(cfg, resume=resume, pools=pools).run()
         except BaseException:
             if not comm.active():
                 destroy_parallel()  # one process: tidy up for the caller (several: no teardown)

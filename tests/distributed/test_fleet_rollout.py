@@ -32,11 +32,11 @@ def _worker(rank: int, world: int, run_dir: str):
     side = tr.rollouts
     try:
         tr.sync()  # the initial sync: every engine from its own replica
-        idx = side.order.take(tr.cfg.train.prompts_per_step)
-        groups = side._round(idx, step=0, round_=0)
+        batch, rounds = side.maker.make(0, tr.version)  # one round: no dynamic sampling here
+        groups = batch.seen
+        idx = [g.prompt_index for g in groups]
     finally:
         side.close()
-    rounds = side._rounds
     return {"engine": side.shard.engine_id if side.shard else None, "idx": idx,
             "rounds": [(r.engine, r.prompts, r.version) for r in rounds],
             "metrics": fleet_metrics(rounds, side.fleet.num_engines),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -10,6 +12,7 @@ import torch.distributed as dist
 from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.device import on_cuda
 from megatron_maspo.parallel.launch import free_port
+from megatron_maspo.rollout.pools import ROLLOUT, PoolLayout
 
 # Set by the srun-native Slurm launch (``launch/nemo_run.py``): each task derives RANK / WORLD_SIZE /
 # LOCAL_RANK from Slurm's SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID (see rank_env_from_slurm); the
@@ -24,19 +27,67 @@ def setup_distributed(timeout_s: float = 1800.0) -> tuple[int, int]:
     Under torchrun the environment names the world; otherwise a one-process world on a free loopback port.
     See :mod:`megatron_maspo.parallel.comm` for why the default group is NCCL-only on GPU.
     """
+    _cpu_threads()
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    job_rank_env()
+    comm.bind_local_device()
+    return comm.init_default_group(timeout_s)
+
+
+def _cpu_threads() -> None:
     if not on_cuda():
         # Tiny CPU ops gain nothing from intra-op threads, and spin-waiting OpenMP threads made every op
         # ~30x slower when other processes (grader workers, other ranks) share the cores. One thread per
         # rank unless OMP_NUM_THREADS says otherwise.
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
+
+
+def job_rank_env() -> tuple[int, int]:
+    """This process's global (rank, world size), with RANK / WORLD_SIZE / LOCAL_RANK set in the
+    environment: from torchrun, from Slurm (srun-native launch), or a one-process world."""
     os.environ.update(rank_env_from_slurm(dict(os.environ)))  # srun-native Slurm launch: ranks from Slurm
     if "WORLD_SIZE" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
                           WORLD_SIZE="1", LOCAL_RANK="0")
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+@dataclass
+class JobPools:
+    """This process's place in a disaggregated job: the layout, its global rank and the job store the
+    bridges between the pools are built on."""
+
+    layout: PoolLayout
+    rank: int
+    store: Any
+
+    @property
+    def role(self) -> str:
+        return self.layout.role(self.rank)
+
+    @property
+    def is_rollout(self) -> bool:
+        return self.role == ROLLOUT
+
+
+def setup_pools(make_layout, timeout_s: float = 1800.0) -> JobPools:
+    """Split the job into its training and rollout pools: each pool's ranks become the default group
+    (so Megatron sees only the trainers), and the job store is kept for the bridges between them.
+
+    Args:
+        make_layout: ``world -> PoolLayout`` (``rollout.pools.build_pools`` of the run's sections).
+    """
+    _cpu_threads()
+    if dist.is_initialized():
+        raise RuntimeError("setup_pools: a default process group exists already (one placement per process)")
+    rank, world = job_rank_env()
+    layout = make_layout(world)
+    store = comm.job_store(timeout_s)
     comm.bind_local_device()
-    return comm.init_default_group(timeout_s)
+    size = layout.trainer_world if layout.role(rank) != ROLLOUT else layout.engine_ranks
+    comm.init_pool_group(store, layout.role(rank), layout.pool_rank(rank), size, timeout_s)
+    return JobPools(layout, rank, store)
 
 
 def rank_env_from_slurm(env: dict[str, str]) -> dict[str, str]:

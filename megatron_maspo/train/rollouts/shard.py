@@ -70,6 +70,9 @@ class EngineShard:
         self.tokenizer, self.examples, self.grader = tokenizer, examples, grader
         self.rollout, self.seed, self.overlong_buffer = rollout, seed, overlong_buffer
         self.version_offset, self.meters = version_offset, meters
+        self.between_steps = None
+        """In-flight updates (rollout pool): called by the built-in engine between decode steps; it may
+        load new weights there (``WeightReceiver.apply_staged``)."""
 
     @property
     def policy_version(self) -> int:
@@ -96,7 +99,8 @@ class EngineShard:
         n_seq = len(prompts) * rc.group_size
         t0 = time.perf_counter()
         with self.meters.phase("generate", n_seq, "seq") as advance:
-            comps = self.engine.generate(prompts, params, progress=advance)
+            extra = {"on_step": self.between_steps} if self.between_steps is not None else {}
+            comps = self.engine.generate(prompts, params, progress=advance, **extra)
         info.seconds = time.perf_counter() - t0
         info.tokens = sum(len(c.token_ids) for cs in comps for c in cs)
         before = dict(getattr(self.grader, "totals", {}))

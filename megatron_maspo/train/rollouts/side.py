@@ -67,9 +67,15 @@ class RolloutSide:
         elif state.get("rollout_queue", {}).get("batches_json", "[]") != "[]":
             raise ConfigError("the checkpoint holds rollout batches generated ahead (rollout.max_staleness "
                               "> 0): resume it with the same rollout.max_staleness")
+        self.maker = BatchMaker(shard, fleet, self.order, train)
         self._rounds: list[EngineRound] = []
         self._seen: list[PromptGroup] = []
         self._dropped = 0
+
+    @property
+    def sender_ranks(self) -> tuple[int, ...]:
+        """Ranks that hand weights to an engine in a sync (``sync_weights``'s ``sender_rank``)."""
+        return self.fleet.engine_ranks
 
     @property
     def engine(self):
@@ -90,14 +96,63 @@ class RolloutSide:
         return batch
 
     def _collect(self, step: int, version: int) -> RolloutBatch:
-        """Groups for ``step`` made now: dynamic sampling rounds, then rounded down to whole mini-batches."""
+        batch, rounds = self.maker.make(step, version)
+        self._rounds += rounds
+        return batch
+
+    def metrics(self, samples: list[Sample], trained_version: int) -> dict[str, float]:
+        """This step's rollout figures: reward/group metrics over every generated group, phase times (the
+        slowest engine's), fleet, staleness and grader totals."""
+        rounds = self._rounds
+        out = rollout_metrics(self._seen, rounds, dropped=self._dropped, num_engines=self.fleet.num_engines,
+                              max_new_tokens=self.rollout.max_new_tokens)
+        if self.queue is not None:
+            out.update(staleness_metrics(samples, trained_version, self.rollout.max_staleness))
+        for k, v in reward_totals(rounds).items():  # over every engine's grader
+            self.reward_totals[k] = self.reward_totals.get(k, 0) + v
+        out.update({f"reward/{k}_total": float(v) for k, v in self.reward_totals.items()})
+        return out
+
+    def state(self) -> dict:
+        """Resumable state: prompt order, grader totals, and the queued batches (``k > 0``)."""
+        out: dict = {"reward_totals": dict(self.reward_totals), **self.order.state()}
+        if self.queue is not None:
+            out["rollout_queue"] = self.queue.state(self.version_offset)
+        return out
+
+    def describe(self, num_prompts: int) -> str:
+        return self.fleet.describe(num_prompts)
+
+    def close(self, clean: bool = True) -> None:
+        if self.shard is not None:
+            self.shard.close()
+
+
+class BatchMaker:
+    """One step's batch from the fleet: dynamic-sampling rounds, then whole mini-batches.
+
+    Collective over ``fleet``'s world (every rank joins each round's gather); used by the colocated side
+    and, inside the rollout pool, by :class:`~megatron_maspo.train.rollouts.pool_worker.RolloutWorker`.
+    """
+
+    def __init__(self, shard: EngineShard | None, fleet: FleetLayout, order: PromptOrder,
+                 train: TrainConfig) -> None:
+        self.shard, self.fleet, self.order, self.train = shard, fleet, order, train
+
+    def make(self, step: int, version: int) -> tuple[RolloutBatch, list[EngineRound]]:
+        """Groups for ``step`` made now with weight ``version``, and every engine's figures per round."""
         tc = self.train
         kept: list[PromptGroup] = []
         seen: list[PromptGroup] = []
+        rounds: list[EngineRound] = []
         dropped = 0
         for r in range(tc.max_sampling_rounds if tc.dynamic_sampling else 1):
             need = tc.prompts_per_step - len(kept)
-            groups = self._round(self.order.take(need), step, r)
+            idx = self.order.take(need)
+            # every engine samples G responses for its shard of idx and grades them; all ranks get all
+            local = self.shard.generate(idx, step, r) if self.shard is not None else None
+            groups, got_rounds = gather_shards(local, self.fleet, len(idx))
+            rounds += got_rounds
             seen += groups
             got, d = select_groups(groups, need, tc.dynamic_sampling)
             kept += got
@@ -109,43 +164,20 @@ class RolloutSide:
         # Round down so every mini-batch holds the same number of prompts.
         kept = kept[: max(tc.mini_batches_per_step,
                           len(kept) // tc.mini_batches_per_step * tc.mini_batches_per_step)]
-        return RolloutBatch(step=step, version=version, kept=kept, seen=seen, dropped=dropped)
+        return RolloutBatch(step=step, version=version, kept=kept, seen=seen, dropped=dropped), rounds
 
-    def _round(self, idx: list[int], step: int, round_: int) -> list[PromptGroup]:
-        """Every engine samples G responses for its shard of ``idx`` and grades them; every rank gets all
-        groups, in ``idx`` order."""
-        local = self.shard.generate(idx, step, round_) if self.shard is not None else None
-        groups, rounds = gather_shards(local, self.fleet, len(idx))
-        self._rounds += rounds
-        return groups
 
-    def metrics(self, samples: list[Sample], trained_version: int) -> dict[str, float]:
-        """This step's rollout figures: reward/group metrics over every generated group, phase times (the
-        slowest engine's), fleet, staleness and grader totals."""
-        rounds = self._rounds
-        out = group_metrics(self._seen, max_new_tokens=self.rollout.max_new_tokens)
-        # A phase lasts as long as its slowest engine, summed over the step's rounds.
-        out["time/generate"] = _per_round_max(rounds, "seconds")
-        out["time/grade"] = _per_round_max(rounds, "grade_seconds")
-        out["rollout/dropped_groups"] = float(self._dropped)
-        if self.queue is not None:
-            out.update(staleness_metrics(samples, trained_version, self.rollout.max_staleness))
-        for k, v in reward_totals(rounds).items():  # over every engine's grader
-            self.reward_totals[k] = self.reward_totals.get(k, 0) + v
-        out.update({f"reward/{k}_total": float(v) for k, v in self.reward_totals.items()})
-        out.update(fleet_metrics(rounds, self.fleet.num_engines))
-        return out
-
-    def state(self) -> dict:
-        """Resumable state: prompt order, grader totals, and the queued batches (``k > 0``)."""
-        out: dict = {"reward_totals": dict(self.reward_totals), **self.order.state()}
-        if self.queue is not None:
-            out["rollout_queue"] = self.queue.state(self.version_offset)
-        return out
-
-    def close(self) -> None:
-        if self.shard is not None:
-            self.shard.close()
+def rollout_metrics(seen: list[PromptGroup], rounds: list[EngineRound], *, dropped: int,
+                    num_engines: int, max_new_tokens: int) -> dict[str, float]:
+    """Reward/group figures over the trained batch's groups, the generating rounds' phase times (the
+    slowest engine's) and the fleet figures; grader totals are the caller's (they accumulate)."""
+    out = group_metrics(seen, max_new_tokens=max_new_tokens)
+    # A phase lasts as long as its slowest engine, summed over the step's rounds.
+    out["time/generate"] = _per_round_max(rounds, "seconds")
+    out["time/grade"] = _per_round_max(rounds, "grade_seconds")
+    out["rollout/dropped_groups"] = float(dropped)
+    out.update(fleet_metrics(rounds, num_engines))
+    return out
 
 
 def _per_round_max(rounds: list[EngineRound], attr: str) -> float:

@@ -101,7 +101,8 @@ def _completion_to_dict(c: Completion, offset: int) -> dict:
     # would otherwise train its queued batches without replay
     re = None if c.routed_experts is None else c.routed_experts.tolist()
     return {"t": list(c.token_ids), "lp": [float(x) for x in c.logprobs], "f": c.finish_reason,
-            "v": int(c.policy_version) + offset, "re": re}
+            "v": int(c.policy_version) + offset, "re": re,
+            "tv": None if c.token_versions is None else [int(v) + offset for v in c.token_versions]}
 
 
 def _group_to_dict(g: PromptGroup, offset: int) -> dict:
@@ -113,6 +114,7 @@ def _group_to_dict(g: PromptGroup, offset: int) -> dict:
 def _group_from_dict(d: dict, offset: int) -> PromptGroup:
     comps = [Completion(token_ids=list(c["t"]), logprobs=list(c["lp"]), finish_reason=c["f"],
                         policy_version=int(c["v"]) - offset,
+                        token_versions=None if c.get("tv") is None else [int(v) - offset for v in c["tv"]],
                         routed_experts=None if c.get("re") is None else torch.tensor(c["re"], dtype=torch.int16))
              for c in d["c"]]
     return PromptGroup(prompt_index=int(d["i"]), prompt_ids=list(d["p"]), answer=d["a"],

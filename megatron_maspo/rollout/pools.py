@@ -1,0 +1,140 @@
+"""Disaggregated placement: a training pool and a rollout pool in one job, and the groups between them.
+
+Pure arithmetic on the job's size, the rollout pool's size and the trainer's layout (no torch.distributed),
+so the trainer, the rollout pool, ``maspo check`` and the planner read the same object.
+
+    global ranks   0 .. T-1           training pool: Megatron's world (TP x CP x EP x DP x PP over T ranks)
+                   T .. T+R-1         rollout pool: R = rollout.engine_ranks, E = R / engine_tp engines
+    engine e       owned by global rank T + e * engine_tp (its TP workers on the next engine_tp - 1 GPUs)
+    groups         each pool's default group holds only that pool's ranks (pool rank = global - first);
+                   ``weights`` bridge: trainer rank 0 (root, the sync's sender) + every engine owner;
+                   ``batches`` bridge: the lead engine (root, pool rank 0) + every trainer rank
+
+The rollout pool shards each step's prompts over its engines exactly as a colocated fleet does
+(:attr:`PoolLayout.fleet` is a :class:`~.fleet.FleetLayout` over the pool), gathers the graded groups inside
+the pool, and the lead engine hands the finished batch to every trainer rank in one broadcast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_maspo.rollout.fleet import (
+    EnginePlacement,
+    FleetLayout,
+    check_placement,
+    rollout_tp_of,
+)
+
+TRAIN, ROLLOUT = "train", "rollout"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolLayout:
+    """Which ranks train, which generate, and who talks to whom (immutable, picklable)."""
+
+    world: int
+    """Processes in the job (both pools)."""
+    engine_ranks: int
+    """R: ranks of the rollout pool (``rollout.engine_ranks``)."""
+    rollout_tp: int = 1
+    """GPUs per engine."""
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.engine_ranks < self.world:
+            raise ValueError(f"pools: rollout.engine_ranks={self.engine_ranks} must leave at least one of the "
+                             f"job's {self.world} ranks to train (1 <= engine_ranks < world)")
+        if self.engine_ranks % self.rollout_tp:
+            raise ValueError(f"pools: engine TP {self.rollout_tp} does not divide rollout.engine_ranks="
+                             f"{self.engine_ranks}")
+        mp = self.tp * self.pp * self.cp
+        if self.trainer_world % mp:
+            raise ValueError(f"pools: the training pool's {self.trainer_world} ranks are not a multiple of "
+                             f"tp*pp*cp={mp}")
+
+    @property
+    def trainer_world(self) -> int:
+        """T: ranks of the training pool."""
+        return self.world - self.engine_ranks
+
+    @property
+    def dp(self) -> int:
+        return self.trainer_world // (self.tp * self.pp * self.cp)
+
+    @property
+    def fleet(self) -> FleetLayout:
+        """The engines inside the rollout pool (pool ranks; owners at ``e * rollout_tp``)."""
+        return FleetLayout(world=self.engine_ranks, rollout_tp=self.rollout_tp)
+
+    @property
+    def num_engines(self) -> int:
+        return self.engine_ranks // self.rollout_tp
+
+    def role(self, rank: int) -> str:
+        """``"train"`` or ``"rollout"`` for global ``rank``."""
+        if not 0 <= rank < self.world:
+            raise ValueError(f"pools: rank {rank} outside the job of {self.world}")
+        return TRAIN if rank < self.trainer_world else ROLLOUT
+
+    def pool_rank(self, rank: int) -> int:
+        """``rank``'s index inside its own pool (its rank in the pool's default group)."""
+        return rank if self.role(rank) == TRAIN else rank - self.trainer_world
+
+    @property
+    def owner_ranks(self) -> tuple[int, ...]:
+        """Global rank of each engine's owner, in engine order."""
+        return tuple(self.trainer_world + r for r in self.fleet.engine_ranks)
+
+    @property
+    def lead_engine_rank(self) -> int:
+        """Global rank of engine 0's owner: it hands each finished batch to the trainers."""
+        return self.trainer_world
+
+    @property
+    def weights_ranks(self) -> tuple[int, ...]:
+        """Members of the ``weights`` bridge: the sender (trainer rank 0) first, then the owners."""
+        return (0, *self.owner_ranks)
+
+    @property
+    def batches_ranks(self) -> tuple[int, ...]:
+        """Members of the ``batches`` bridge: the lead engine first, then every trainer rank."""
+        return (self.lead_engine_rank, *range(self.trainer_world))
+
+    def placement(self, gpus_per_node: int) -> tuple[EnginePlacement, ...]:
+        """Every engine's owner, node and node-local GPUs (ranks node-major, one GPU each; no sharing).
+
+        Raises:
+            ValueError: an engine would span two nodes.
+        """
+        if gpus_per_node < 1:
+            raise ValueError(f"pools: gpus_per_node must be >= 1, got {gpus_per_node}")
+        out = []
+        for e, owner in enumerate(self.owner_ranks):
+            first = owner % gpus_per_node
+            if first + self.rollout_tp > gpus_per_node:
+                raise ValueError(f"pools: engine {e} (ranks {owner}..{owner + self.rollout_tp - 1}) spans two "
+                                 f"nodes of {gpus_per_node} GPUs")
+            out.append(EnginePlacement(engine=e, owner=owner, node=owner // gpus_per_node,
+                                       gpus=tuple(range(first, first + self.rollout_tp))))
+        check_placement(out)
+        return tuple(out)
+
+    def describe(self, num_prompts: int) -> str:
+        """One line for logs and the planner."""
+        sizes = self.fleet.shard_sizes(num_prompts)
+        return (f"disaggregated: ranks 0-{self.trainer_world - 1} train; {self.num_engines} engine(s) of "
+                f"rollout TP {self.rollout_tp} on ranks {self.trainer_world}-{self.world - 1}; "
+                f"{min(sizes)}-{max(sizes)} prompt groups per engine")
+
+
+def build_pools(parallel, rollout, world: int) -> PoolLayout | None:
+    """The disaggregated layout of a job of ``world`` ranks, or None for the colocated placement."""
+    if rollout.placement != "disaggregated":
+        return None
+    p = parallel
+    return PoolLayout(world=world, engine_ranks=rollout.engine_ranks, rollout_tp=rollout_tp_of(rollout),
+                      tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep)

@@ -1,0 +1,154 @@
+"""The training pool's rollout side in the disaggregated placement: batches arrive from the rollout pool.
+
+It presents the interface of :class:`~megatron_maspo.train.rollouts.side.RolloutSide`, so the loop does not
+fork:
+
+    batch(s, v)        the batch for step s, received from the lead engine (waits only if it is late)
+    metrics(...)       first receives batch s + k, the one the engines made while step s trained (the
+                       colocated loop generates it at step s, so its grader totals and phase times are
+                       this step's); then the same reward / fleet / staleness figures as colocated, plus
+                       rollout/engine_busy_s, time/wait_rollout and, with in-flight updates, the spread
+                       of versions inside responses
+    state()            prompt order, grader totals and the batches received ahead (checkpoint)
+    engine             the sync's destination on trainer rank 0: a WeightSender over the bridge
+    close(clean)       on a clean stop, receive the batch the schedule let the engines start, then stop them
+
+Every trainer rank receives every batch (one broadcast over the ``batches`` bridge), as every rank of a
+colocated fleet gathers every group.
+"""
+
+from __future__ import annotations
+
+import time
+
+from megatron_maspo.errors import ConfigError
+from megatron_maspo.rollout.config import RolloutConfig
+from megatron_maspo.rollout.pool_sync import WeightSender
+from megatron_maspo.rollout.pools import PoolLayout
+from megatron_maspo.train.actor.samples import Sample
+from megatron_maspo.train.config import TrainConfig
+from megatron_maspo.train.rollouts.groups import PromptGroup, RolloutBatch
+from megatron_maspo.train.rollouts.shard import EngineRound, reward_totals
+from megatron_maspo.train.rollouts.side import rollout_metrics
+from megatron_maspo.train.rollouts.staleness import StalenessQueue, staleness_metrics
+
+
+class RemoteRolloutSide:
+    """Batches from the rollout pool, in step order, bounded by ``rollout.max_staleness``.
+
+    Args:
+        pools: the job's layout.
+        batches: the ``batches`` bridge (every trainer rank; the lead engine is member 0).
+        sender: trainer rank 0's :class:`WeightSender` (None on the other trainer ranks).
+        rollout, train: ``rollout.*`` and ``train.*``.
+        state: the checkpoint's data state (``{}`` fresh).
+        version_offset: steps done before a resume.
+    """
+
+    shard = None  # no engine in the training pool
+
+    def __init__(self, pools: PoolLayout, *, batches, sender: WeightSender | None, rollout: RolloutConfig,
+                 train: TrainConfig, state: dict, version_offset: int) -> None:
+        self.pools, self.bridge, self.sender = pools, batches, sender
+        self.rollout, self.train, self.version_offset = rollout, train, version_offset
+        self.fleet = pools.fleet
+        self.k = rollout.max_staleness
+        self.reward_totals: dict[str, int] = {k: int(v) for k, v in state.get("reward_totals", {}).items()}
+        self.order_state = {"epoch": state.get("epoch", 0), "cursor": state.get("cursor", 0)}
+        self.queue = StalenessQueue(self.k)
+        self.queue.load_state(state.get("rollout_queue"), version_offset)
+        if self.k == 0 and len(self.queue):
+            raise ConfigError("the checkpoint holds rollout batches generated ahead (rollout.max_staleness "
+                              "> 0): resume it with the same rollout.max_staleness")
+        self.received = max(self.queue.pending, default=version_offset - 1)  # last target we hold
+        self.steps_done = version_offset
+        self._uncounted: list[dict] = []  # received messages whose rounds no step has reported yet
+        self._seen: list[PromptGroup] = []
+        self._dropped = 0
+        self._wait = 0.0
+        # where the rollout pool starts: the first batch not held, and the prompt order after the last held
+        self.bridge.broadcast_object({"first_target": self.received + 1, "version_offset": version_offset,
+                                      **self.order_state}, 1)
+
+    @property
+    def engine(self):
+        return self.sender
+
+    def describe(self, num_prompts: int) -> str:
+        return self.pools.describe(num_prompts)
+
+    @property
+    def sender_ranks(self) -> tuple[int, ...]:
+        return (0,)
+
+    def _receive_through(self, target: int) -> None:
+        """Receive batches until ``target`` is held (each one in order, from the lead engine)."""
+        while self.received < target:
+            t0 = time.perf_counter()
+            msg = self.bridge.broadcast_object(None, 0)
+            self._wait += time.perf_counter() - t0
+            batch: RolloutBatch = msg["batch"]
+            if batch.step != self.received + 1:
+                raise RuntimeError(f"rollout pool sent the batch for step {batch.step}, expected "
+                                   f"{self.received + 1}")
+            self.received = batch.step
+            self.queue.push(batch)
+            self.order_state = msg["order"]
+            self._uncounted.append(msg)
+
+    # ------------------------------------------------------------------ one step
+    def batch(self, step: int, version: int) -> RolloutBatch:
+        """The batch for 0-based ``step`` (made by the weights of step ``max(0, step - k)``)."""
+        self._wait = 0.0
+        self._receive_through(step)
+        batch = self.queue.pop(step)
+        self._seen, self._dropped = batch.seen, batch.dropped
+        self.steps_done = step + 1
+        return batch
+
+    def metrics(self, samples: list[Sample], trained_version: int) -> dict[str, float]:
+        """This step's figures (see the module docstring); receives batch ``step + k`` first."""
+        self._receive_through(self.steps_done - 1 + self.k)
+        msgs, self._uncounted = self._uncounted, []
+        rounds: list[EngineRound] = [r for m in msgs for r in m["rounds"]]
+        out = rollout_metrics(self._seen, rounds, dropped=self._dropped, num_engines=self.fleet.num_engines,
+                              max_new_tokens=self.rollout.max_new_tokens)
+        if self.k > 0:
+            out.update(staleness_metrics(samples, trained_version, self.k))
+        for k, v in reward_totals(rounds).items():
+            self.reward_totals[k] = self.reward_totals.get(k, 0) + v
+        out.update({f"reward/{k}_total": float(v) for k, v in self.reward_totals.items()})
+        out["rollout/engine_busy_s"] = sum(m["busy_s"] for m in msgs)
+        out["time/wait_rollout"] = self._wait
+        if self.rollout.in_flight_updates:
+            out.update(version_spread(self._seen))
+        return out
+
+    def state(self) -> dict:
+        """Prompt order after the last received batch, grader totals, the batches held ahead."""
+        return {"reward_totals": dict(self.reward_totals), **self.order_state,
+                "rollout_queue": self.queue.state(self.version_offset)}
+
+    def close(self, clean: bool = True) -> None:
+        """Stop the rollout pool. On a clean stop first receive the one batch the engines may be making
+        (they hold the weights for step ``steps_done + k``), so no engine is left blocked in a send."""
+        if not clean:
+            return
+        if self.steps_done < self.train.steps:
+            self._receive_through(self.steps_done + self.k)  # made with our last weights: discarded
+        if self.sender is not None:
+            self.sender.stop()
+
+
+def version_spread(groups: list[PromptGroup]) -> dict[str, float]:
+    """In-flight updates: ``rollout/version_spread_max`` (newest minus oldest token version in one
+    response) and ``rollout/responses_spanning_versions`` (fraction of responses with tokens of two or
+    more versions)."""
+    spans = []
+    for g in groups:
+        for c in g.completions_G:
+            tv = c.token_versions or [c.policy_version]
+            spans.append(max(tv) - min(tv))
+    n = max(len(spans), 1)
+    return {"rollout/version_spread_max": float(max(spans, default=0)),
+            "rollout/responses_spanning_versions": sum(s > 0 for s in spans) / n}
