@@ -54,7 +54,8 @@ none. Step time (seconds per rollout step) from FLOPs and bandwidth, with the ef
     old-logprob = ((F_fwd - F_exp) / (W * peak * mfu') + F_exp / (W * peak * moe_expert_mfu)) * bubble
                   mfu' = mfu scaled by the GEMM shape (launch/plan_model.py::gemm_mfu: hidden / tp, micro-batch
                   tokens); bubble = 1 + (pp - 1) / (micro-batches x vpp), the 1F1B pipeline bubble
-                  F_fwd = 2 P_act T + 2 L n_h d sum(s^2)  (x2 with a reference model; dense_mask:
+                  F_fwd = 2 P_act T + 2 L n_h d sum(s^2)  (sum(s^2) = n E[s^2], the lengths spread as in
+                  generation: ``seq_second_moment``; x2 with a reference model; dense_mask:
                   4 L n_h d S T, every token scores the whole packed row); F_exp = 2 P_exp T, the routed
                   experts' share (0 for dense models), at its own, lower utilisation
     update      = (3 or 4 with full recompute) * old-logprob's per-forward time
@@ -103,7 +104,12 @@ from megatron_maspo.launch.plan_model import (
     local_params,
 )
 from megatron_maspo.launch.plan_report import format_plan
-from megatron_maspo.launch.plan_rollout import EngineLoad, generation_seconds, moe_touched_fraction
+from megatron_maspo.launch.plan_rollout import (
+    EngineLoad,
+    generation_seconds,
+    length_second_moment,
+    moe_touched_fraction,
+)
 from megatron_maspo.launch.plan_types import GIB, Assumptions, Layout, Memory, Plan, StepTime
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
 from megatron_maspo.parallel.logprobs_budget import DEFAULT_BUDGET_BYTES
@@ -310,6 +316,17 @@ def _memory_reasons(mem: Memory, sh: _Shape, kv_pool: float, kv_seqs: int, hw: A
     return reasons
 
 
+def seq_second_moment(sh: _Shape) -> float:
+    """E[(p + L)^2] of the step's sequence lengths (tokens^2): prompts at their mean p, responses L with the
+    mean and tail of ``sh`` spread by the maximum-entropy law of ``plan_rollout.length_second_moment``.
+
+    A causal attention pass costs ~ sum_i s_i^2, so with responses spread between 0 and the tail it costs
+    n E[s^2], up to 4/3 (uniform) or 2 (mean far below the tail) times n (E s)^2 on the response part.
+    """
+    p, m = sh.avg_prompt, sh.avg_resp
+    return p * p + 2 * p * m + length_second_moment(m, sh.tail)
+
+
 def _trainer_seconds(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, world: int, hw: Assumptions,
                      gpus_per_node: int) -> tuple[float, float]:
     """(old-logprob, update) seconds per step: FLOPs at the MFUs, CP ring and controller dispatch added."""
@@ -318,8 +335,8 @@ def _trainer_seconds(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, 
     f_fwd = 2 * active_params(spec) * n_seqs * avg_seq
     if cfg.model.attention_backend == "dense_mask":  # the [S, S] scores cover the whole packed row
         f_fwd += 4 * spec.num_layers * spec.num_attention_heads * spec.kv_channels * sh.n_tok * n_seqs * avg_seq
-    else:
-        f_fwd += 2 * spec.num_layers * spec.num_attention_heads * spec.kv_channels * avg_seq**2 * n_seqs
+    else:  # causal scores sum s^2 over the sequences: the spread of the lengths, not the mean's square
+        f_fwd += 2 * spec.num_layers * spec.num_attention_heads * spec.kv_channels * seq_second_moment(sh) * n_seqs
     f_exp = 2 * expert_active_params(spec) * n_seqs * avg_seq
     peak = world * hw.peak_tflops * 1e12
     mfu = gemm_mfu(hw.mfu, spec.hidden_size, lay.tp, sh.n_tok, ref_width=hw.mfu_ref_width,

@@ -75,7 +75,8 @@ def test_response_lengths_are_inputs_and_a_shorter_tail_is_faster():
     assert plan(response_mean=4096, response_max=8192).time == default.time  # the defaults spelled out
     short = plan(response_mean=4096, response_max=5000)
     assert short.time.generation < default.time.generation
-    assert short.time.update == default.time.update
+    # a shorter tail narrows the spread of the lengths: the trainer's attention (sum of s^2) shrinks a little
+    assert short.time.update < default.time.update < 1.1 * short.time.update
     longer = plan(response_mean=6000)
     assert longer.time.update > default.time.update and longer.time.generation > default.time.generation
     bad = plan(response_mean=9000, response_max=8192)
@@ -108,3 +109,21 @@ def test_cli_response_flags(capsys):
 def test_exponential_expected_max_is_mean_times_harmonic_number():
     assert exponential_expected_max(100.0, 1) == pytest.approx(100.0)
     assert exponential_expected_max(100.0, 4) == pytest.approx(100.0 * (1 + 1 / 2 + 1 / 3 + 1 / 4))
+
+
+def test_trainer_attention_follows_the_spread_of_the_lengths():
+    """The trainer's causal attention costs sum s^2 over the step's sequences: n E[s^2] with the responses
+    spread between 0 and the tail (plan.seq_second_moment), the mean's square only when every response
+    reaches the tail."""
+    from megatron_maspo.launch.plan import seq_second_moment
+
+    cfg = load_recipe("r1_distill_qwen_7b_maspo")
+    spec, lay = arch_of(cfg), layout_of(cfg)
+    plan = estimate(cfg, spec, lay, nodes=4, gpus_per_node=8, hw=Assumptions(prompt_mean=100, response_mean=2000,
+                                                                           response_max=8000))
+    assert plan.time is not None
+    sh = dataclasses.make_dataclass("S", ["avg_prompt", "avg_resp", "tail"])(100, 2000, 8000)
+    assert seq_second_moment(sh) == pytest.approx(100**2 + 2 * 100 * 2000 + length_second_moment(2000, 8000))
+    assert seq_second_moment(sh) > 2100**2
+    flat = dataclasses.make_dataclass("S", ["avg_prompt", "avg_resp", "tail"])(100, 8000, 8000)
+    assert seq_second_moment(flat) == pytest.approx(8100**2)
