@@ -33,9 +33,13 @@ logger = logging.getLogger(__name__)
 
 
 def _rank_and_world() -> tuple[int, int]:
+    """The job's (rank, world): the launcher's numbering first, since in a disaggregated job each pool's
+    default group counts its own ranks from 0 (``rollout/pools.py``)."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    return 0, 1
 
 
 def report_and_exit(what: str, code: int = 1) -> None:
@@ -66,6 +70,6 @@ def exit_on_error(what: str) -> Iterator[None]:
     except BaseException as e:
         if isinstance(e, SystemExit) and not e.code:
             raise
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        if not (dist.is_available() and dist.is_initialized() and _rank_and_world()[1] > 1):
             raise
         report_and_exit(what)

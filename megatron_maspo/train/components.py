@@ -32,8 +32,10 @@ from megatron_maspo.train.actor.inference import InferencePolicy
 from megatron_maspo.train.actor.megatron_actor import MegatronActor
 from megatron_maspo.train.observe.memory import PhaseMemory
 from megatron_maspo.train.observe.meters import PhaseMeters
+from megatron_maspo.train.process import faults
 from megatron_maspo.train.process.distributed import JobPools
-from megatron_maspo.train.rollouts.pool_worker import RolloutWorker
+from megatron_maspo.train.process.faults import FaultInjector
+from megatron_maspo.train.rollouts.pool_worker import RolloutWorker, ignore_stop_signals
 from megatron_maspo.train.rollouts.remote import RemoteRolloutSide
 from megatron_maspo.train.rollouts.shard import EngineShard
 from megatron_maspo.train.rollouts.side import RolloutSide
@@ -176,8 +178,10 @@ def run_rollout_pool(cfg: MaspoConfig, pools: JobPools) -> int:
                             grader=MathReward(cfg.reward), rollout=cfg.rollout, seed=cfg.train.seed,
                             overlong_buffer=cfg.train.overlong_buffer, version_offset=0,
                             meters=PhaseMeters(PhaseMemory(default_device())))
+    ignore_stop_signals()  # the trainer decides when the pool stops (after its checkpoint)
     worker = RolloutWorker(shard, fleet, receiver=receiver, batches=batches, rollout=cfg.rollout,
-                           train=cfg.train, num_examples=len(examples))
+                           train=cfg.train, num_examples=len(examples),
+                           faults=FaultInjector(faults.configured(), pools.rank))
     try:
         made = worker.run()
     finally:

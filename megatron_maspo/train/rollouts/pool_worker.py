@@ -22,7 +22,9 @@ trainer first receives every batch the schedule lets the engines start, so no se
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import time
 
 from megatron_maspo.parallel import comm
@@ -30,11 +32,24 @@ from megatron_maspo.rollout.config import RolloutConfig
 from megatron_maspo.rollout.fleet import FleetLayout
 from megatron_maspo.rollout.pool_sync import WeightReceiver
 from megatron_maspo.train.config import TrainConfig
+from megatron_maspo.train.process.faults import FaultInjector
 from megatron_maspo.train.rollouts.prompt_order import PromptOrder
 from megatron_maspo.train.rollouts.shard import EngineShard
 from megatron_maspo.train.rollouts.side import BatchMaker
 
 logger = logging.getLogger(__name__)
+
+
+def ignore_stop_signals() -> None:
+    """SIGTERM / SIGINT / SIGUSR1 in the rollout pool are logged and otherwise ignored: the launcher sends
+    them to every rank, and the trainer (which checkpoints first) ends the pool with its stop message."""
+    def note(signum, _frame) -> None:
+        logger.warning("rollout pool: received %s; the trainer checkpoints and then stops this pool",
+                       signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        with contextlib.suppress(ValueError):  # not the main thread (tests)
+            signal.signal(sig, note)
 
 
 def needed_version(target: int, max_staleness: int) -> int:
@@ -52,12 +67,16 @@ class RolloutWorker:
         batches: the ``batches`` bridge on the lead engine's rank (None elsewhere in the pool).
         rollout, train: ``rollout.*`` (k, in-flight updates) and ``train.*`` (steps, prompts, seed).
         num_examples: size of the prompt dataset.
+        faults: ``MASPO_FAULT`` on this rank (``kind=raise`` at step s: when the batch trained at step s
+            is about to be made; the engine-death test).
     """
 
     def __init__(self, shard: EngineShard | None, fleet: FleetLayout, *, receiver: WeightReceiver | None,
-                 batches, rollout: RolloutConfig, train: TrainConfig, num_examples: int) -> None:
+                 batches, rollout: RolloutConfig, train: TrainConfig, num_examples: int,
+                 faults: FaultInjector | None = None) -> None:
         self.shard, self.fleet, self.receiver, self.batches = shard, fleet, receiver, batches
         self.rollout, self.train, self.num_examples = rollout, train, num_examples
+        self.faults = faults
 
     def _engine_version(self) -> int:
         return self.shard.policy_version if self.shard is not None else 0
@@ -80,6 +99,8 @@ class RolloutWorker:
                      if self.receiver is not None else True)
             if not all(comm.all_gather_object(alive)):  # any owner told to stop: the whole pool stops
                 return made
+            if self.faults is not None:
+                self.faults.at_step(target + 1)  # steps numbered from 1, as logged
             t0 = time.perf_counter()
             batch, rounds = maker.make(target, self._engine_version())
             busy = time.perf_counter() - t0

@@ -1,0 +1,142 @@
+"""``rollout.placement=disaggregated`` end to end: 2 ranks under torchrun (gloo), one trainer, one engine.
+
+- with in-flight updates off the schedule is deterministic, so every per-step metric equals the
+  colocated one-rank run with the same k and seed (placement-only keys aside);
+- SIGKILL of the whole job, then ``--resume``: the uninterrupted run's metrics again;
+- an exception on the engine's rank ends the job within a minute with that rank's traceback;
+- SIGTERM to every rank (Slurm's preemption): the trainer checkpoints, the pool stops, the run resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_staleness import LEARNING
+from tests.e2e.test_train_cli import _comparable, _metrics, _run
+
+K1 = ["rollout.max_staleness=1", "loss.tis_cap=2.0"]
+DISAGG = ["rollout.placement=disaggregated", "rollout.engine_ranks=1"]
+PLACEMENT_KEYS = ("sync/", "rollout/engine", "rollout/prompts_per_engine")
+
+
+def _cmd(*args: str, sets: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "megatron_maspo.cli.main", "train", *args]
+    for s in [*DISAGG, *sets]:
+        cmd += ["--set", s]
+    return cmd
+
+
+def _env(**extra: str) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
+
+
+def _torchrun(*args: str, sets: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(_cmd(*args, sets=sets), capture_output=True, text=True, timeout=600,
+                          env=env or _env())
+
+
+def _same(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in _comparable(r).items() if not k.startswith(PLACEMENT_KEYS)} for r in rows]
+
+
+def test_disaggregated_run_equals_the_colocated_one(tmp_path):
+    sets = [*LEARNING, *K1, "train.steps=3"]
+    a = _run(sets=[*sets, f"checkpoint.run_dir={tmp_path / 'colocated'}"])
+    assert a.returncode == 0, a.stderr[-3000:]
+    b = _torchrun(sets=[*sets, f"checkpoint.run_dir={tmp_path / 'disagg'}"])
+    assert b.returncode == 0, b.stderr[-3000:]
+    ra, rb = _metrics(tmp_path / "colocated"), _metrics(tmp_path / "disagg")
+    assert len(ra) == len(rb) == 3
+    assert _same(ra) == _same(rb)
+    for r in rb:  # the pool's own figures
+        assert r["rollout/engine_busy_s"] > 0 and r["time/wait_rollout"] >= 0
+    assert [r["rollout/staleness_max"] for r in rb] == [0.0, 1.0, 1.0]
+    assert "disaggregated: ranks 0-0 train; 1 engine(s)" in b.stderr
+
+
+def _wait_for_checkpoint(run_dir: Path, name: str, proc: subprocess.Popen, timeout: float) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if (run_dir / "checkpoints" / name / "manifest.json").exists():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run exited early: {proc.stderr.read()[-3000:] if proc.stderr else ''}")
+        time.sleep(0.5)
+    raise AssertionError(f"no checkpoint {name} within {timeout} s")
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    sets = [*LEARNING, *K1, "train.steps=5", "checkpoint.save_every=2"]
+    a = _torchrun(sets=[*sets, f"checkpoint.run_dir={full}"])
+    assert a.returncode == 0, a.stderr[-3000:]
+    # the whole job dies at once (a node failure): torchrun and both ranks, in their own session
+    p = subprocess.Popen(_cmd(sets=[*sets, "train.steps=40", f"checkpoint.run_dir={part}"]),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(),
+                         start_new_session=True)
+    _wait_for_checkpoint(part, "step_2", p, 400)
+    for pid in [*_children(p.pid), p.pid]:  # torchrun puts each worker in a session of its own
+        os.kill(pid, signal.SIGKILL)
+    p.wait(timeout=60)
+    c = _torchrun("--resume", str(part), sets=["train.steps=5"])
+    assert c.returncode == 0, c.stderr[-3000:]
+    ra, rc = _metrics(full), _metrics(part)
+    assert [r["step"] for r in rc] == [1, 2, 3, 4, 5]
+    assert _same(ra) == _same(rc)
+
+
+@pytest.mark.slow
+def test_an_engine_failure_ends_the_job_with_its_traceback(tmp_path):
+    t0 = time.time()
+    out = _torchrun(sets=[*LEARNING, *K1, "train.steps=4", f"checkpoint.run_dir={tmp_path / 'run'}"],
+                    env=_env(MASPO_FAULT="rank=1,step=3,kind=raise"))
+    ended = time.time()
+    assert out.returncode != 0
+    assert "[rank 1] megatron_maspo.train.process.faults.InjectedFault" in out.stderr, out.stderr[-4000:]
+    injected = float(re.search(r"injected exception on rank 1 at step 3 \(unix time ([\d.]+)\)",
+                               out.stderr).group(1))
+    assert injected > t0 and ended - injected < 60, f"job ended {ended - injected:.0f} s after the fault"
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_the_run_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    sets = [*LEARNING, *K1, "train.steps=40", "checkpoint.save_every=0", f"checkpoint.run_dir={run_dir}"]
+    p = subprocess.Popen(_cmd(sets=sets), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env=_env(), start_new_session=True)
+    t0 = time.time()
+    while not (run_dir / "metrics.jsonl").exists() or len(_metrics(run_dir)) < 2:
+        assert p.poll() is None and time.time() - t0 < 400, p.stderr.read()[-3000:] if p.stderr else ""
+        time.sleep(0.5)
+    for pid in _children(p.pid):  # Slurm signals every task; torchrun itself is left to wait for them
+        os.kill(pid, signal.SIGTERM)
+    assert p.wait(timeout=300) == 0, p.stderr.read()[-3000:]
+    done = len(_metrics(run_dir))
+    assert (run_dir / "checkpoints" / f"step_{done}").is_dir()
+    out = _torchrun("--resume", str(run_dir), sets=[f"train.steps={done + 1}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [r["step"] for r in _metrics(run_dir)] == list(range(1, done + 2))
+
+
+def _children(pid: int) -> list[int]:
+    """The worker processes torchrun started (direct children of ``pid``)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
