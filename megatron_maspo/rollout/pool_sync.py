@@ -15,6 +15,10 @@ trainer's broadcast waits only for the transfer, never for the engine to finish 
 waits for the slot to be free before it takes the next sync; the schedule (one version per step) never
 lets more than one sync queue up, so that wait is a guard, not a stall. A vLLM engine then relays each
 staged bucket to its workers through its own ``ipc`` / ``bytes`` transport (``VllmEngine.load_buckets``).
+With ``ipc`` the receiver stages into the engine's ``staging_pool()``: host shared memory (``/dev/shm``,
+on GPU too, so a staged sync never takes GPU memory from vLLM), each bucket received in place and mapped by
+the workers without a copy, the buffers recycled once applied. Budget ``/dev/shm`` for about two syncs
+(one being applied, the next landing) of the model's bytes in the engine dtype.
 """
 
 from __future__ import annotations
@@ -66,10 +70,14 @@ class WeightReceiver:
     Args:
         bridge: the ``weights`` bridge (this rank a non-root member); used by this thread only.
         device: where staged buckets live (the engine's device; host memory on CPU).
+        staging: where staged buckets live instead, when the engine wants them somewhere particular
+            (``engine.staging_pool()``: a vLLM engine's ``ipc`` transport takes shared-memory buffers,
+            so each bucket is received straight into memory its workers map; recycled across syncs).
+            Its buffers go back to it as the engine finishes each bucket (``Bucket.done``).
     """
 
-    def __init__(self, bridge: Any, *, device: torch.device | str = "cpu") -> None:
-        self.bridge, self.device = bridge, torch.device(device)
+    def __init__(self, bridge: Any, *, device: torch.device | str = "cpu", staging: Any = None) -> None:
+        self.bridge, self.device, self.staging = bridge, torch.device(device), staging
         self._cond = threading.Condition()
         self._slot: list[Bucket] | None = None
         self._verify = True
@@ -94,12 +102,17 @@ class WeightReceiver:
                         return
                     if "end" in msg:
                         break
-                    buf = torch.empty(msg["n"], dtype=torch.uint8, device=self.bridge.device)
-                    self.bridge.broadcast(buf, 0)
-                    if buf.device != self.device:
-                        buf = buf.to(self.device)
+                    release = None
+                    if self.staging is not None:  # received in place (the bridge stages NCCL's copy itself)
+                        buf, release = self.staging.alloc(msg["n"])
+                        self.bridge.broadcast(buf, 0)
+                    else:
+                        buf = torch.empty(msg["n"], dtype=torch.uint8, device=self.bridge.device)
+                        self.bridge.broadcast(buf, 0)
+                        if buf.device != self.device:
+                            buf = buf.to(self.device)
                     staged.append(Bucket(buf, [meta_from_wire(w) for w in msg["bucket"]], msg["crc"],
-                                         msg["index"]))
+                                         msg["index"], release=release))
                     self._verify = bool(msg["verify"])
                 with self._cond:
                     # one staged sync at a time: the schedule never sends the next before this one is used
@@ -128,7 +141,11 @@ class WeightReceiver:
                 self._cond.notify_all()
         if slot is None:
             return False
-        engine.load_buckets(slot, verify=self._verify)
+        try:
+            engine.load_buckets(slot, verify=self._verify)
+        finally:
+            for b in slot:  # pooled buffers back to the staging pool (no-op for those the engine released)
+                b.done()
         return True
 
     def wait_for(self, ready: Callable[[], bool], engine: Any, *, timeout_s: float = 1800.0) -> bool:

@@ -128,6 +128,54 @@ class BucketPool:
         return lambda: self._free.put(base)
 
 
+class StagingPool:
+    """Growable, recycled uint8 buffers for a receiver that stages whole syncs (the rollout pool's
+    :class:`~.pool_sync.WeightReceiver`), where :class:`BucketPool`'s fixed pair would not do.
+
+    ``shared``: CPU buffers are created in shared memory (``file_system`` strategy), so :func:`share`
+    hands out their name instead of moving each bucket there (a copy and a fresh segment per bucket per
+    sync). A buffer goes back to the pool when its bucket's ``release`` is called and serves the next
+    bucket it fits (syncs repeat the same layout, so after the first one or two nothing is allocated).
+    Thread-safe: the receiver thread allocates while the engine loop releases.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", *, shared: bool = False) -> None:
+        self.device = torch.device(device)
+        if shared and self.device.type != "cpu":
+            raise ValueError(f"StagingPool: shared buffers live in host memory, not on {self.device}")
+        self.shared = shared
+        self._free: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+        self.allocated = 0
+        """Buffers created so far (the rest were reused)."""
+
+    def _new(self, nbytes: int) -> torch.Tensor:
+        if not self.shared:
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        with file_system_sharing():
+            storage = torch.UntypedStorage._new_shared(nbytes)  # in shared memory from the start: no copy
+        return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+    def alloc(self, nbytes: int) -> tuple[torch.Tensor, Callable[[], None]]:
+        """A buffer's first ``nbytes`` bytes (stale contents) and the callback that returns it."""
+        with self._lock:
+            fits = [b for b in self._free if b.numel() >= nbytes]
+            if fits:
+                base = min(fits, key=torch.Tensor.numel)
+                self._free.remove(base)
+            else:
+                base = None
+        if base is None:
+            base = self._new(nbytes)
+            self.allocated += 1
+
+        def release() -> None:
+            with self._lock:
+                self._free.append(base)
+
+        return base[:nbytes], release
+
+
 def caller_device() -> torch.device | None:
     """The CUDA device the calling thread runs on (what a helper thread must bind), None without CUDA.
 

@@ -162,6 +162,8 @@ class VllmEngine:
         transport: ``"ipc"`` (shared buffers, :mod:`~.transport`) or ``"bytes"`` (payload in the RPC).
         seed_per_request: seeded sampling gives every request its own seed (reproducible, slower in vLLM's
             sampler) instead of one reseed per call (:meth:`generate`); ``train.deterministic`` in a run.
+        sleep_mode: GPU only: vLLM's sleep mode (``enable_sleep_mode``), which colocation needs to hand the
+            GPU to the trainer; off in the disaggregated rollout pool, where the engine never sleeps.
         gpus: GPU only: node-local GPU indices (as the trainer sees them) for the engine's workers, in
             TP-rank order (``FleetLayout.engine_gpus``, ``len == tensor_parallel_size``); None = vLLM's
             default (GPUs 0 ..). Ignored on CPU. See :func:`engine_devices` for how they are applied.
@@ -171,7 +173,8 @@ class VllmEngine:
     def __init__(self, model_dir: str, *, dtype: str = "float32", load_format: str = "dummy", seed: int = 0,
                  max_model_len: int = 512, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
                  cpu_kv_cache_bytes: int = 512 * 2**20, transport: str = "ipc",
-                 gpus: Sequence[int] | None = None, seed_per_request: bool = True, **llm_kwargs: Any) -> None:
+                 gpus: Sequence[int] | None = None, seed_per_request: bool = True, sleep_mode: bool = True,
+                 **llm_kwargs: Any) -> None:
         import vllm
 
         if transport not in ("ipc", "bytes"):
@@ -182,6 +185,7 @@ class VllmEngine:
         self.transport = transport
         self.seed_per_request = seed_per_request
         self._pool: Any = None  # CPU ipc: shared buffers kept across syncs (bucket_pool)
+        self._staging: Any = None  # rollout pool, ipc: shared staging buffers (staging_pool)
 
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # loopback only: no network on the rollout box
         self._on_gpu = on_cuda()
@@ -195,7 +199,7 @@ class VllmEngine:
             # trainer recomputes (weight-sync-notes.md §2); with top_p < 1 vLLM renormalises over the nucleus.
             logprobs_mode="processed_logprobs")
         if self._on_gpu:
-            kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=gpu_memory_utilization)
+            kwargs.update(enable_sleep_mode=sleep_mode, gpu_memory_utilization=gpu_memory_utilization)
         else:
             # The CPU backend reads gpu_memory_utilization as a fraction of the whole NUMA node and fails
             # when that fraction minus the process RSS is not free; an explicit KV size skips that check.
@@ -212,7 +216,8 @@ class VllmEngine:
 
     @classmethod
     def from_settings(cls, rollout: Any, spec: Any, *, dtype_name: str, seed: int,
-                      gpus: Sequence[int] | None = None, seed_per_request: bool = True) -> VllmEngine:
+                      gpus: Sequence[int] | None = None, seed_per_request: bool = True,
+                      sleep_mode: bool = True) -> VllmEngine:
         """Engine for a run: dummy weights (the first sync fills them), settings from ``rollout``.
 
         Args:
@@ -223,6 +228,7 @@ class VllmEngine:
             gpus: the engine's node-local GPUs (``rollout.fleet.owner_gpus``); see the class.
             seed_per_request: ``train.deterministic`` (one seed per request from the global prompt index:
                 reproducible, but vLLM then samples request by request; see the class).
+            sleep_mode: False in the disaggregated rollout pool (see the class).
         """
         import json
         import tempfile
@@ -237,7 +243,7 @@ class VllmEngine:
                    gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
                    cpu_kv_cache_bytes=rollout.vllm_cpu_kv_cache_mb * 2**20,
                    tensor_parallel_size=rollout.vllm_tp, transport=rollout.weight_transport,
-                   gpus=gpus, seed_per_request=seed_per_request)
+                   gpus=gpus, seed_per_request=seed_per_request, sleep_mode=sleep_mode)
 
     @property
     def policy_version(self) -> int:
@@ -260,6 +266,23 @@ class VllmEngine:
             self._pool = BucketPool(capacity, "cpu")
         self._pool.reclaim()  # the previous sync has ended: nobody reads these buffers
         return self._pool
+
+    def staging_pool(self) -> Any:
+        """Where a rollout-pool owner stages broadcast buckets for this engine (:class:`~.pool_sync.WeightReceiver`).
+
+        ``ipc``: recycled host buffers in shared memory (:class:`~.transport.StagingPool`), on both devices:
+        each bucket is received straight into memory the workers map, where a plain buffer would be moved
+        into a fresh shared segment by :func:`~.transport.share` (a copy per bucket), and a whole staged
+        sync stays in host RAM, not in the GPU memory vLLM sized its KV cache from. ``bytes``: None (the
+        payload is copied into the RPC anyway).
+        """
+        if self.transport != "ipc":
+            return None
+        from megatron_maspo.rollout.transport import StagingPool
+
+        if self._staging is None:
+            self._staging = StagingPool("cpu", shared=True)
+        return self._staging
 
     def shutdown(self) -> None:
         """Stop vLLM's engine-core and worker processes now (instead of at interpreter exit)."""

@@ -87,12 +87,15 @@ def _load_hf(chunks, *, spec, groups, src):
     load_hf_weights(chunks, spec, groups, src)
 
 
-def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any, gpus: tuple[int, ...] | None = None):
+def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any, gpus: tuple[int, ...] | None = None, *,
+                 colocated: bool = True):
     """The rollout engine (on the sending rank only). Weights arrive through the first sync.
 
     Args:
         gpus: the engine's node-local GPUs from the fleet layout (``rollout.fleet.owner_gpus``); None =
             the current device (built-in) / vLLM's default. Unused on CPU.
+        colocated: False in the disaggregated rollout pool: the engine never sleeps there (vLLM starts
+            without its sleep mode on GPU).
     """
     hf_cfg = hf_config_dict(spec)
     if cfg.rollout.engine == "builtin":
@@ -103,7 +106,7 @@ def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any, gpus: tuple[i
 
     return VllmEngine.from_settings(cfg.rollout, spec, dtype_name=cfg.model.dtype_name,
                                      seed=cfg.train.seed, gpus=gpus,
-                                     seed_per_request=cfg.train.deterministic)
+                                     seed_per_request=cfg.train.deterministic, sleep_mode=colocated)
 
 
 def build_actor(cfg: MaspoConfig, spec: ArchSpec, groups, *, init_weights=None, memory_phase=None):
@@ -172,8 +175,9 @@ def run_rollout_pool(cfg: MaspoConfig, pools: JobPools) -> int:
     shard = receiver = None
     if engine_id is not None:
         gpus = lay.placement(processes_per_node(lay.world))[engine_id].gpus
-        engine = build_engine(cfg, spec, tokenizer, gpus=gpus)
-        receiver = WeightReceiver(weights, device=getattr(engine, "device", "cpu"))
+        engine = build_engine(cfg, spec, tokenizer, gpus=gpus, colocated=False)
+        staging = getattr(engine, "staging_pool", lambda: None)()  # vLLM ipc: shared-memory staging
+        receiver = WeightReceiver(weights, device=getattr(engine, "device", "cpu"), staging=staging)
         shard = EngineShard(engine, engine_id=engine_id, fleet=fleet, tokenizer=tokenizer, examples=examples,
                             grader=MathReward(cfg.reward), rollout=cfg.rollout, seed=cfg.train.seed,
                             overlong_buffer=cfg.train.overlong_buffer, version_offset=0,

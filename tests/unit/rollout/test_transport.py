@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 from megatron_maspo.rollout.buckets import pack_buckets, unpack_bucket
-from megatron_maspo.rollout.transport import BucketPool, open_shared, prefetch, share
+from megatron_maspo.rollout.transport import BucketPool, StagingPool, open_shared, prefetch, share
 
 
 def _reader(handle: bytes, nbytes: int, out):
@@ -77,3 +77,23 @@ def test_prefetch_drops_unconsumed_items_on_close():
     assert next(gen) == 0
     gen.close()
     assert dropped and all(d > 0 for d in dropped)
+
+
+def test_staging_pool_is_shared_from_the_start_and_recycles():
+    """Rollout pool (issue 32): staged buckets live in shared memory before share() sees them (no move,
+    no copy per bucket), and a released buffer serves the next bucket that fits."""
+    pool = StagingPool("cpu", shared=True)
+    a, release_a = pool.alloc(300)
+    assert a.is_shared() and a.numel() == 300
+    ptr = a.data_ptr()
+    share(a)
+    assert a.data_ptr() == ptr  # already shared: share() hands out its name, nothing moves
+    b, _ = pool.alloc(200)  # a is still held: a new buffer
+    assert pool.allocated == 2 and b.data_ptr() != ptr
+    release_a()
+    c, _ = pool.alloc(250)  # fits a's buffer: reused
+    assert c.data_ptr() == ptr and c.numel() == 250 and pool.allocated == 2
+    d, _ = pool.alloc(400)  # nothing free fits
+    assert pool.allocated == 3 and d.numel() == 400
+    plain, _ = StagingPool("cpu").alloc(10)
+    assert not plain.is_shared()
