@@ -23,14 +23,13 @@ from tests.e2e.test_staleness import LEARNING
 from tests.e2e.test_train_cli import _comparable, _metrics, _run
 
 K1 = ["rollout.max_staleness=1", "loss.tis_cap=2.0"]
-DISAGG = ["rollout.placement=disaggregated", "rollout.engine_ranks=1"]
 PLACEMENT_KEYS = ("sync/", "rollout/engine", "rollout/prompts_per_engine")
 
 
-def _cmd(*args: str, sets: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+def _cmd(*args: str, sets: list[str], nproc: int = 2, engines: int = 1) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "-m", "megatron_maspo.cli.main", "train", *args]
-    for s in [*DISAGG, *sets]:
+    for s in ["rollout.placement=disaggregated", f"rollout.engine_ranks={engines}", *sets]:
         cmd += ["--set", s]
     return cmd
 
@@ -39,9 +38,10 @@ def _env(**extra: str) -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
 
 
-def _torchrun(*args: str, sets: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(_cmd(*args, sets=sets), capture_output=True, text=True, timeout=600,
-                          env=env or _env())
+def _torchrun(*args: str, sets: list[str], env: dict | None = None, nproc: int = 2,
+              engines: int = 1) -> subprocess.CompletedProcess:
+    return subprocess.run(_cmd(*args, sets=sets, nproc=nproc, engines=engines), capture_output=True,
+                          text=True, timeout=600, env=env or _env())
 
 
 def _same(rows: list[dict]) -> list[dict]:
@@ -61,6 +61,19 @@ def test_disaggregated_run_equals_the_colocated_one(tmp_path):
         assert r["rollout/engine_busy_s"] > 0 and r["time/wait_rollout"] >= 0
     assert [r["rollout/staleness_max"] for r in rb] == [0.0, 1.0, 1.0]
     assert "disaggregated: ranks 0-0 train; 1 engine(s)" in b.stderr
+
+
+@pytest.mark.slow
+def test_a_pool_of_two_engines_equals_one_colocated_engine(tmp_path):
+    """3 ranks: one trainer, two engines sharding each step's prompts; the built-in engine seeds by global
+    prompt position, so the groups (and every metric) equal the one-rank colocated run's."""
+    sets = [*LEARNING, *K1, "train.steps=3"]
+    a = _run(sets=[*sets, f"checkpoint.run_dir={tmp_path / 'colocated'}"])
+    assert a.returncode == 0, a.stderr[-3000:]
+    b = _torchrun(sets=[*sets, f"checkpoint.run_dir={tmp_path / 'pool2'}"], nproc=3, engines=2)
+    assert b.returncode == 0, b.stderr[-3000:]
+    assert "2 engine(s) of rollout TP 1 on ranks 1-2" in b.stderr
+    assert _same(_metrics(tmp_path / "colocated")) == _same(_metrics(tmp_path / "pool2"))
 
 
 def _wait_for_checkpoint(run_dir: Path, name: str, proc: subprocess.Popen, timeout: float) -> None:
