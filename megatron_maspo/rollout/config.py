@@ -63,6 +63,12 @@ class RolloutConfig:
     decode steps). Off: every batch is made by exactly one version, the deterministic schedule of
     ``max_staleness``."""
 
+    pool_timeout_s: float = 7200.0
+    """Disaggregated only: how long one pool waits for the other in a single exchange before the job fails
+    (the engines wait a whole step for each sync, and before the first one for the trainer's load and
+    warm start; the trainer waits for a batch). A dead rank is noticed at once (its sockets close); this
+    bounds a hang."""
+
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"rollout.engine={self.engine!r}; accepted: {list(ENGINES)}")
@@ -97,6 +103,8 @@ class RolloutConfig:
         elif self.engine_ranks or self.in_flight_updates:
             raise ValueError("rollout.engine_ranks and rollout.in_flight_updates apply only to "
                              "rollout.placement=disaggregated")
+        if self.pool_timeout_s <= 0:
+            raise ValueError(f"rollout.pool_timeout_s must be > 0, got {self.pool_timeout_s}")
         if self.in_flight_updates and self.engine != "builtin":
             raise ValueError("rollout.in_flight_updates needs rollout.engine=builtin for now: vLLM's blocking "
                              "generate cannot take weights mid-response (partial rollouts are not built yet)")

@@ -149,9 +149,11 @@ def _bridges(cfg: MaspoConfig, pools: JobPools) -> tuple[comm.Bridge | None, com
     """This rank's ``weights`` and ``batches`` bridges (None where it is not a member), built in that
     order on every rank (a bridge's members block in its constructor until all have joined)."""
     lay, rank = pools.layout, pools.rank
-    weights = (comm.Bridge(pools.store, "weights", lay.weights_ranks, rank, backend=comm.default_backend())
-               if rank in lay.weights_ranks else None)
-    batches = comm.Bridge(pools.store, "batches", lay.batches_ranks, rank) if rank in lay.batches_ranks else None
+    timeout = cfg.rollout.pool_timeout_s
+    weights = (comm.Bridge(pools.store, "weights", lay.weights_ranks, rank, backend=comm.default_backend(),
+                           timeout_s=timeout) if rank in lay.weights_ranks else None)
+    batches = (comm.Bridge(pools.store, "batches", lay.batches_ranks, rank, timeout_s=timeout)
+               if rank in lay.batches_ranks else None)
     return weights, batches
 
 

@@ -95,7 +95,8 @@ class RolloutWorker:
         last = self.train.steps + k - 1  # the schedule's last batch (the final checkpoint keeps k of them)
         for target in range(start["first_target"], last + 1):
             want = needed_version(target, k)
-            alive = (self.receiver.wait_for(lambda v=want: self._engine_version() >= v, self.shard.engine)
+            alive = (self.receiver.wait_for(lambda v=want: self._engine_version() >= v, self.shard.engine,
+                                            timeout_s=self.rollout.pool_timeout_s)
                      if self.receiver is not None else True)
             if not all(comm.all_gather_object(alive)):  # any owner told to stop: the whole pool stops
                 return made
@@ -109,5 +110,5 @@ class RolloutWorker:
                 self.batches.broadcast_object({"batch": batch, "rounds": rounds, "busy_s": busy,
                                                "order": order.state()}, 0)
         if self.receiver is not None:  # wait for the trainer's stop (its final syncs land in the slot)
-            self.receiver.wait_for(lambda: False, self.shard.engine)
+            self.receiver.wait_for(lambda: False, self.shard.engine, timeout_s=self.rollout.pool_timeout_s)
         return made
