@@ -105,6 +105,9 @@ def _check_disaggregated(cfg: MaspoConfig) -> None:
         raise ValueError(f"rollout.placement=disaggregated with rollout.engine_ranks={rc.engine_ranks} needs "
                          f"more ranks than that (parallel.world_size={cfg.parallel.world_size}): launch with "
                          f"torchrun --nproc-per-node {rc.engine_ranks + 1} or more")
+    if rc.in_flight_updates and cfg.model.routing_replay != "off":
+        raise ValueError("rollout.in_flight_updates with model.routing_replay: a response that spans an "
+                         "update was routed by two policies; replay is not defined for it")
     if rc.in_flight_updates and rc.max_staleness < 1:
         raise ValueError("rollout.in_flight_updates needs rollout.max_staleness >= 1 (a response that spans "
                          "an update is off-policy by construction)")

@@ -29,11 +29,15 @@ _SEED_STRIDE = 1_000_003  # row seed = seed * stride**2 + prompt * stride + samp
 class BuiltinEngine:
     """Rollout engine over an in-process transformers model (implements :class:`~.types.Engine`).
 
+    It takes new weights between two decode steps of a call (``generate(on_step=...)``: in-flight updates).
+
     Args:
         model: a transformers ``*ForCausalLM`` (fp32 recommended on CPU); put in eval mode here.
         device: where the model, its inputs and the sampling run (the model is moved there); None =
             where the model already is. :meth:`from_hf_config` defaults to :func:`default_engine_device`.
     """
+
+    takes_weights_between_steps = True
 
     def __init__(self, model: Any, *, device: torch.device | str | None = None) -> None:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device

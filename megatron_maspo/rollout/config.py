@@ -63,6 +63,11 @@ class RolloutConfig:
     decode steps). Off: every batch is made by exactly one version, the deterministic schedule of
     ``max_staleness``."""
 
+    in_flight_chunk_tokens: int = 0
+    """In-flight updates with vLLM (blocking ``generate``): new tokens per chunk of a partial rollout;
+    between chunks new weights may land and unfinished responses continue under them with their prefix as
+    the prompt (``rollout/partial.py``). 0 = ``max_new_tokens // 8`` (at least 1). The built-in engine
+    takes weights between decode steps and ignores it."""
     pool_timeout_s: float = 7200.0
     """Disaggregated only: how long one pool waits for the other in a single exchange before the job fails
     (the engines wait a whole step for each sync, and before the first one for the trainer's load and
@@ -105,9 +110,8 @@ class RolloutConfig:
                              "rollout.placement=disaggregated")
         if self.pool_timeout_s <= 0:
             raise ValueError(f"rollout.pool_timeout_s must be > 0, got {self.pool_timeout_s}")
-        if self.in_flight_updates and self.engine != "builtin":
-            raise ValueError("rollout.in_flight_updates needs rollout.engine=builtin for now: vLLM's blocking "
-                             "generate cannot take weights mid-response (partial rollouts are not built yet)")
+        if self.in_flight_chunk_tokens < 0:
+            raise ValueError(f"rollout.in_flight_chunk_tokens must be >= 0, got {self.in_flight_chunk_tokens}")
         if self.sleep_level not in (1, 2):
             raise ValueError(f"rollout.sleep_level={self.sleep_level}; accepted: 1, 2")
 
@@ -119,3 +123,8 @@ class RolloutConfig:
     @property
     def disaggregated(self) -> bool:
         return self.placement == "disaggregated"
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Tokens per partial-rollout chunk (:attr:`in_flight_chunk_tokens`, resolved)."""
+        return self.in_flight_chunk_tokens or max(1, self.max_new_tokens // 8)

@@ -21,6 +21,7 @@ from typing import Any
 from megatron_maspo.parallel import comm
 from megatron_maspo.rollout.config import RolloutConfig
 from megatron_maspo.rollout.fleet import FleetLayout
+from megatron_maspo.rollout.partial import generate_partial
 from megatron_maspo.rollout.types import SamplingParams
 from megatron_maspo.train.observe.meters import PhaseMeters
 from megatron_maspo.train.rollouts.grading import grade_groups
@@ -71,8 +72,8 @@ class EngineShard:
         self.rollout, self.seed, self.overlong_buffer = rollout, seed, overlong_buffer
         self.version_offset, self.meters = version_offset, meters
         self.between_steps = None
-        """In-flight updates (rollout pool): called by the built-in engine between decode steps; it may
-        load new weights there (``WeightReceiver.apply_staged``)."""
+        """In-flight updates (rollout pool): called between decode steps (built-in engine) or between
+        partial-rollout chunks (vLLM); it may load new weights there (``WeightReceiver.apply_staged``)."""
 
     @property
     def policy_version(self) -> int:
@@ -99,8 +100,13 @@ class EngineShard:
         n_seq = len(prompts) * rc.group_size
         t0 = time.perf_counter()
         with self.meters.phase("generate", n_seq, "seq") as advance:
-            extra = {"on_step": self.between_steps} if self.between_steps is not None else {}
-            comps = self.engine.generate(prompts, params, progress=advance, **extra)
+            if self.between_steps is None:
+                comps = self.engine.generate(prompts, params, progress=advance)
+            elif getattr(self.engine, "takes_weights_between_steps", False):  # the built-in engine
+                comps = self.engine.generate(prompts, params, progress=advance, on_step=self.between_steps)
+            else:  # a blocking generate (vLLM): partial rollouts, the update lands between chunks
+                comps = generate_partial(self.engine, prompts, params, chunk_tokens=rc.chunk_tokens,
+                                         on_chunk=self.between_steps, progress=advance)
         info.seconds = time.perf_counter() - t0
         info.tokens = sum(len(c.token_ids) for cs in comps for c in cs)
         before = dict(getattr(self.grader, "totals", {}))

@@ -71,3 +71,58 @@ def _model_with(weights):
         for k, v in model.named_parameters():
             v.copy_(weights[k])
     return model.eval()
+
+
+class _Blocking:
+    """The built-in engine seen through a blocking ``generate`` only (how vLLM presents itself): the
+    partial-rollout path is what runs, on a real model."""
+
+    takes_weights_between_steps = False
+
+    def __init__(self, engine: BuiltinEngine) -> None:
+        self.inner = engine
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    def generate(self, prompts, params, *, progress=None):
+        return self.inner.generate(prompts, params, progress=progress)
+
+
+def test_partial_rollouts_continue_unfinished_responses_under_new_weights():
+    from megatron_maspo.rollout.partial import generate_partial
+
+    model, _ = make_tiny_hf_model("qwen2", vocab_size=301, seed=0)
+    w0 = {k: v.detach().clone() for k, v in model.named_parameters()}
+    engine = BuiltinEngine(model)
+    engine.load_weights(w0.items())
+    g = torch.Generator().manual_seed(1)
+    w1 = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in w0.items()}
+    chunks = []
+
+    def on_chunk():
+        chunks.append(engine.policy_version)
+        if len(chunks) == 1:
+            engine.load_weights(w1.items())
+
+    # token 7 stops some rows early: they finish in the first chunk, the others span both versions
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=9, seed=3, stop_token_ids=[7])
+    out = generate_partial(_Blocking(engine), [PROMPT, [11, 12]], params, chunk_tokens=4, on_chunk=on_chunk)
+    assert [len(cs) for cs in out] == [3, 3] and chunks == [1, 2]  # 3 chunks: 4 + 4 + 1 tokens
+    spanning = 0
+    for prompt, cs in zip([PROMPT, [11, 12]], out):
+        for c in cs:
+            n = len(c.token_ids)
+            assert len(c.logprobs) == len(c.token_versions) == n <= 9
+            assert c.finish_reason == ("stop" if c.token_ids[-1] == 7 else "length")
+            assert c.token_versions == [1] * min(n, 4) + [2] * max(0, n - 4)
+            spanning += n > 4
+            # the first chunk is W0's, the rest W1's over the whole prefix (recomputed, not cached)
+            lp = torch.tensor(c.logprobs)
+            torch.testing.assert_close(lp[:4], _full_logprobs(_model_with(w0), prompt, c.token_ids)[:4],
+                                       rtol=0, atol=1e-5)
+            if n > 4:
+                torch.testing.assert_close(lp[4:], _full_logprobs(_model_with(w1), prompt, c.token_ids)[4:],
+                                           rtol=0, atol=1e-5)
+    assert spanning > 0

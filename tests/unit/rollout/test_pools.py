@@ -42,8 +42,7 @@ def test_the_schedule_versions_match_the_colocated_loop():
 @pytest.mark.parametrize("sets, fragment", [
     (["rollout.placement=disaggregated"], "engine_ranks >= 1"),
     (["rollout.engine_ranks=1"], "apply only to rollout.placement=disaggregated"),
-    (["rollout.placement=disaggregated", "rollout.engine_ranks=1", "rollout.in_flight_updates=true",
-      "rollout.engine=vllm"], "needs rollout.engine=builtin"),
+    (["rollout.in_flight_chunk_tokens=-1"], "must be >= 0"),
     (["rollout.placement=nowhere"], "accepted"),
 ])
 def test_rollout_section_refuses(sets, fragment):
