@@ -16,8 +16,10 @@ Colocated design (one engine per rollout-TP group over the whole world, ``world 
                   block placement), i.e. the GPUs of the ranks owner .. owner + rollout_tp - 1; an engine
                   never spans two nodes, and no two engines share a GPU (:meth:`FleetLayout.placement`)
 
-Every replica that contains an owner runs the HF export once per sync and each owner in it packs its own
-engine's buckets; replicas without an owner skip the export. Nothing crosses replicas, except with expert
+Every TP x PP group that contains an owner runs the HF export once per sync and each owner in it packs its
+own engine's buckets; groups without an owner skip the export: other replicas, and with CP the other CP
+ranks of a replica (a replica is cp TP x PP groups holding identical weights; Megatron's model-parallel
+group is one of them, :meth:`FleetLayout.export_group_of`). Nothing crosses groups, except with expert
 parallelism (the expert gather spans data-parallel ranks, so every rank joins the export).
 """
 
@@ -125,12 +127,18 @@ class FleetLayout:
         check_placement(out)
         return out
 
+    def export_group_of(self, rank: int) -> int:
+        """Index of the TP x PP group (Megatron's model-parallel group: one CP rank of one replica) that
+        holds global ``rank``: ``(rank // tp) % (cp * dp)``, i.e. ``cp_rank + cp * dp_rank``."""
+        return (rank // self.tp) % (self.cp * self.dp)
+
     def joins_export(self, rank: int) -> bool:
-        """Whether ``rank`` iterates the HF export in a sync: its replica feeds an engine (or EP > 1)."""
+        """Whether ``rank`` iterates the HF export in a sync: its TP x PP group holds an engine owner (or
+        EP > 1). With CP, only the owners' CP ranks export, not every CP rank of their replicas."""
         if self.ep > 1:
             return True
-        mine = self.replica_of(rank)
-        return any(self.replica_of(r) == mine for r in self.engine_ranks)
+        mine = self.export_group_of(rank)
+        return any(self.export_group_of(r) == mine for r in self.engine_ranks)
 
     def shard_sizes(self, num_prompts: int) -> list[int]:
         """Prompt groups per engine, ``[E]``, balanced (the first ``P % E`` engines get one more)."""

@@ -65,12 +65,13 @@ def joins_export(groups: ParallelGroups, sender_rank: int | Sequence[int] = 0) -
     """Whether this rank must iterate the export for the engines owned by ``sender_rank`` (one or several).
 
     The export's collectives run over the TP, PP and EP groups. Without expert parallelism they
-    stay inside one model-parallel (TP x PP) replica, so only replicas holding an engine owner have to
-    gather (each once, however many of its ranks own engines); the other data-parallel replicas hold
-    identical weights and would only repeat the gathers for nobody. With EP > 1 the expert gather spans
+    stay inside one model-parallel (TP x PP) group, so only groups holding an engine owner have to
+    gather (each once, however many of its ranks own engines); the other data-parallel replicas, and
+    the other CP ranks of a replica (Megatron's TP x PP group is taken at one CP rank; CP ranks hold
+    identical weights), would only repeat the gathers for nobody. With EP > 1 the expert gather spans
     data-parallel ranks, so every rank joins (the only cross-replica traffic of a sync).
     """
-    if not dist.is_initialized() or groups.ep > 1 or groups.dp == 1:
+    if not dist.is_initialized() or groups.ep > 1 or groups.dp * groups.cp == 1:
         return True
     return bool(_ranks(sender_rank) & set(dist.get_process_group_ranks(groups.mp_group)))
 
@@ -80,7 +81,8 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
                  sender_rank: int | Sequence[int] = 0) -> SyncStats:
     """Push the current Megatron weights into every engine; collective over the replicas that feed one.
 
-    Every rank calls it; ranks of replicas without an engine owner return at once (:func:`joins_export`).
+    Every rank calls it; ranks of TP x PP groups without an engine owner (other DP replicas, other CP
+    ranks) return at once (:func:`joins_export`).
     With a fleet (``sender_rank`` = every owner, ``FleetLayout.engine_ranks``) each replica exports once
     and every owner in it packs its own engine's buckets from the stream it already holds: with
     TP = PP = 1 that is a local export per rank, no collective at all.
@@ -106,7 +108,7 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
             the export's collectives; callers abort the job (it is not recoverable mid-sync anyway).
     """
     stats = SyncStats()
-    if not joins_export(groups, sender_rank):  # another DP replica exports for the sender
+    if not joins_export(groups, sender_rank):  # another DP replica or CP rank exports for the sender
         return stats
     stream = export_hf_weights(chunks, spec, groups, dtype=dtype)
     if not is_sender(sender_rank):

@@ -131,6 +131,11 @@ class CheckpointConfig:
     """Resume from the run directory's latest complete checkpoint when it holds one, without
     ``--resume`` (a requeued Slurm job restarts the same command). Off: a fresh run refuses a run
     directory with checkpoints. ``maspo launch --executor slurm`` turns it on."""
+    save_warm_start: bool = False
+    """Also save ``checkpoints/step_0`` right after the SFT warm start (``train.sft_steps``): the
+    warm-started weights, from which other runs, at any TP/PP/CP layout, start with
+    ``model.megatron_checkpoint=<run_dir>/checkpoints/step_0 train.sft_steps=0`` (a layout comparison
+    from identical weights, docs/attention.md). Kept like any checkpoint (``keep_last``)."""
 
     def __post_init__(self) -> None:
         if not self.run_dir:

@@ -236,6 +236,8 @@ class Trainer:
                 sft_warm_start(self.actor, self.examples, self.tokenizer, tc, rank=self.rank,
                                progress=progress)
                 self.sft_done = True
+                if cfg.checkpoint.save_warm_start:
+                    self.save()  # checkpoints/step_0: the warm-started weights, for other layouts to share
             self.sync()
             progress.begin_steps()
             while self.step < tc.steps:

@@ -1,8 +1,10 @@
-"""Only the sender's model-parallel replica runs the export collectives (DP replicas skip them)."""
+"""Only the senders' model-parallel (TP x PP) groups run the export collectives (DP replicas and CP ranks
+without an owner skip them)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from megatron_maspo.parallel.launch import run_workers
@@ -68,3 +70,68 @@ def _fleet_worker(rank: int, world: int) -> dict:
 def test_every_engine_of_a_fleet_is_fed_by_its_replica():
     for rank, res in enumerate(run_workers(_fleet_worker, 4)):
         assert res == {"agree": True, "synced": True, "equal": True}, rank
+
+
+def _cp_worker(rank: int, world: int) -> dict:
+    """TP 2 x CP 2 (one replica over 4 ranks) against TP 2 x DP 2: the same engine weights, bit for bit,
+    with each owner's TP x PP group exporting once and the other CP half skipping when it feeds nobody."""
+    import megatron_maspo.rollout.weight_sync as ws
+    from megatron_maspo.conversion.megatron_to_hf import export_hf_weights
+    from megatron_maspo.model.hf_config import hf_config_dict
+    from megatron_maspo.model.provider import ModelBuildOptions, build_model_chunks
+    from megatron_maspo.parallel.groups import init_parallel
+    from megatron_maspo.rollout.builtin_engine import BuiltinEngine
+    from megatron_maspo.rollout.fleet import FleetLayout
+    from tests.distributed._actor_helpers import name_init
+    from tests.distributed.test_weight_sync import BUCKET, SPEC
+
+    def chunks_at(cp: int):
+        groups = init_parallel(tp=2, cp=cp, seed=7)
+        chunks = build_model_chunks(SPEC, ModelBuildOptions(tp=2, cp=cp, make_vocab_size_divisible_by=64),
+                                    pp_rank=groups.pp_rank)
+        name_init(SPEC, groups, 7)(chunks)
+        return groups, chunks
+
+    g1, c1 = chunks_at(1)  # the cp = 1 sync: an engine on every rank (each TP group exports once)
+    ref = BuiltinEngine.from_hf_config(hf_config_dict(SPEC))
+    owners1 = FleetLayout(world=world, rollout_tp=1, tp=2).engine_ranks
+    ws.sync_weights(c1, SPEC, g1, ref, bucket_bytes=BUCKET, sender_rank=owners1)
+    want = {n: t.clone() for n, t in ref.model.named_parameters()}
+    assert want.keys() == dict(export_hf_weights(c1, SPEC, g1)).keys()
+
+    g2, c2 = chunks_at(2)
+    exports = []
+    orig = ws.export_hf_weights
+
+    def counted(*a, **k):
+        exports.append(1)
+        return orig(*a, **k)
+
+    ws.export_hf_weights = counted
+    out: dict = {"cp_rank": g2.cp_rank, "dp": g2.dp}
+    try:
+        for rtp in (1, 2, 4):
+            fleet = FleetLayout(world=world, rollout_tp=rtp, tp=2, cp=2)
+            engine = BuiltinEngine.from_hf_config(hf_config_dict(SPEC)) if rank in fleet.engine_ranks else None
+            exports.clear()
+            stats = ws.sync_weights(c2, SPEC, g2, engine, bucket_bytes=BUCKET, sender_rank=fleet.engine_ranks)
+            equal = None
+            if engine is not None:
+                got = dict(engine.model.named_parameters())
+                equal = stats.num_tensors == len(want) and all(torch.equal(got[n], t) for n, t in want.items())
+            out[rtp] = {"exports": len(exports), "fleet_agrees": fleet.joins_export(rank) == bool(exports),
+                        "equal": equal}
+    finally:
+        ws.export_hf_weights = orig
+    dist.barrier()
+    return out
+
+
+@pytest.mark.slow  # ~45 s idle, ~100 s on 2 loaded cores (4 ranks); tests/unit/rollout/test_fleet.py keeps the rule
+def test_cp_sync_exports_once_per_owner_group_and_matches_cp1():
+    for rank, res in enumerate(run_workers(_cp_worker, 4)):
+        assert res["cp_rank"] == rank // 2 and res["dp"] == 1, res
+        for rtp, joined in ((1, True), (2, True), (4, rank < 2)):  # rollout TP 4: one engine on rank 0
+            r = res[rtp]
+            assert r["exports"] == int(joined) and r["fleet_agrees"], (rank, rtp, r)
+            assert r["equal"] is (True if rank % rtp == 0 else None), (rank, rtp, r)

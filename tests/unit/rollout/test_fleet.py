@@ -55,3 +55,18 @@ def test_build_from_config_uses_vllm_tp_only_for_vllm():
     assert build_fleet(cfg.parallel, cfg.rollout, world=4).num_engines == 4  # built-in: one device per engine
     cfg.rollout.engine = "vllm"
     assert build_fleet(cfg.parallel, cfg.rollout, world=4).num_engines == 2
+
+
+def test_cp_ranks_without_an_owner_skip_the_export():
+    # TP 2 x CP 2 on 4 ranks (dp 1): ranks 0, 1 are cp 0 and 2, 3 cp 1; both CP halves hold one replica
+    f = FleetLayout(world=4, rollout_tp=4, tp=2, cp=2)
+    assert [f.export_group_of(r) for r in range(4)] == [0, 0, 1, 1] and f.feeding_replica(0) == 0
+    assert [f.joins_export(r) for r in range(4)] == [True, True, False, False]  # one engine: cp 0 exports
+    f = FleetLayout(world=4, rollout_tp=2, tp=2, cp=2)  # owners 0 (cp 0) and 2 (cp 1): each exports its own
+    assert all(f.joins_export(r) for r in range(4))
+    # CP 2 x DP 2 (tp 1), engines on ranks 0 and 2: cp 0 of each replica
+    f = FleetLayout(world=4, rollout_tp=2, cp=2)
+    assert [f.export_group_of(r) for r in range(4)] == [0, 1, 2, 3]
+    assert [f.feeding_replica(e) for e in range(2)] == [0, 1]
+    assert [f.joins_export(r) for r in range(4)] == [True, False, True, False]
+    assert FleetLayout(world=4, rollout_tp=4, cp=2, ep=2).joins_export(3)  # EP: every rank gathers experts
