@@ -185,3 +185,32 @@ def test_vllm_bytes_fallback_and_ipc_both_reject_corruption(synced):
     finally:
         engine.transport = "ipc"
         engine.load_buckets(iter(src["buckets"]))
+
+
+def test_vllm_partial_rollouts_take_new_weights_between_chunks(synced):
+    """In-flight updates on vLLM (``rollout/partial.py``): the update lands between chunks, unfinished
+    responses continue with their prefix as the prompt; the second chunk's log-probs are the new weights'
+    over the whole prefix (vLLM recomputes it: the prefix cache is reset on load)."""
+    from megatron_maspo.rollout.partial import generate_partial
+    from megatron_maspo.rollout.types import SamplingParams
+
+    engine, hf, src = synced
+    g = torch.Generator().manual_seed(7)
+    new = {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in src["exported"].items()}
+    v0 = engine.policy_version
+    try:
+        out = generate_partial(engine, PROMPTS, SamplingParams(n=2, temperature=TEMP, max_tokens=MAX_TOKENS, seed=5),
+                               chunk_tokens=2, on_chunk=lambda: engine.policy_version == v0 and
+                               engine.load_weights(new.items()))
+        ref = type(hf.model)(hf.model.config).eval()
+        ref.load_state_dict(new, strict=False)
+        ref.tie_weights()
+        for p, per in zip(PROMPTS, out):
+            for c in per:
+                assert c.token_versions == [v0] * 2 + [v0 + 1] * (len(c.token_ids) - 2)
+                logits = ref(torch.tensor([p + c.token_ids])).logits[0, len(p) - 1:-1]
+                want = torch.log_softmax(logits.float() / TEMP, -1).gather(
+                    -1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
+                torch.testing.assert_close(torch.tensor(c.logprobs[2:]), want[2:], rtol=0, atol=1e-4)
+    finally:
+        engine.load_buckets(iter(src["buckets"]))  # the module's other tests expect the synced weights
