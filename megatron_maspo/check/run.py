@@ -14,6 +14,12 @@ trainer builds, ``use_cpu_initialization=False``) and runs every step that needs
     placement     each engine's node and GPUs (``FleetLayout.placement``); no GPU shared
     memory plan   the planner's parameters per GPU and offload bytes vs the built ranks'; the plan fits
 
+With ``rollout.placement=disaggregated`` the job is split as it runs (``rollout/pools.py::PoolLayout``):
+the layout must divide the training pool's T = world - rollout.engine_ranks ranks, whose model ranks are the
+ones built; the engines' placement is ``PoolLayout.placement`` (no engine spans nodes, none shares a GPU
+with another or with the training pool); the memory plan is ``launch/plan_disagg.py``'s, with the
+training GPU's peak the trainer's own (no engine on it) and the engine GPU's the engine's own.
+
 The Transformer Engine spec cannot be built here: for ``model.attention_backend='te'`` the ranks are built
 with the local spec and their names renamed to the TE spec's (grouped-GEMM experts included), which is
 what the trainer's TE build names them.
@@ -34,6 +40,7 @@ from megatron_maspo.check.steps import (
     check_memory,
     check_names,
     check_placement,
+    check_pool_placement,
     check_stage_manifest,
     export_manifest,
     rank_counts,
@@ -105,24 +112,33 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, say: Callable[[
 
     world = nodes * gpus_per_node
     p = cfg.parallel
+    pools = None
     try:  # the config validates the layout against the world (as the launcher sets world_size)
-        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(p, world_size=world))
-        coords = coordinates(world, tp=p.tp, pp=p.pp, ep=p.ep, cp=p.cp)
+        if cfg.rollout.disaggregated:  # Megatron's world is the training pool (train/loop.py)
+            from megatron_maspo.rollout.pools import build_pools
+
+            pools = build_pools(p, cfg.rollout, world)
+        trainers = pools.trainer_world if pools else world
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(p, world_size=trainers))
+        coords = coordinates(trainers, tp=p.tp, pp=p.pp, ep=p.ep, cp=p.cp)
     except ValueError as e:
-        raise CheckError("layout", f"{nodes} x {gpus_per_node} GPUs: {e}") from None
+        r = cfg.rollout.engine_ranks
+        pool = f" ({world - r} training + {r} engine GPUs)" if cfg.rollout.disaggregated else ""
+        raise CheckError("layout", f"{nodes} x {gpus_per_node} GPUs{pool}: {e}") from None
     spec = arch_of(cfg)
     t0 = time.perf_counter()
     opts, te, grouped = _build_options(cfg)
     say(f"model: {cfg.model.arch or cfg.model.source} ({spec.num_parameters() / 1e9:.2f} B parameters), "
         f"{'TE (recorded names)' if te else 'local'} spec, on {nodes} x {gpus_per_node} GPUs: tp={p.tp} "
-        f"pp={p.pp} ep={p.ep} cp={p.cp}, {len(coords)} distinct model-parallel ranks")
+        f"pp={p.pp} ep={p.ep} cp={p.cp}, {len(coords)} distinct model-parallel ranks"
+        + (f" in the training pool of {trainers} GPUs ({world - trainers} engine GPUs)" if pools else ""))
     vocab_rows = spec.padded_vocab_size(p.tp, cfg.model.make_vocab_size_divisible_by)
     n_local = n_te = 0
     counts, shards, stages = [], [], {}
     for c in coords:
         where = f"rank {c.rank} (tp {c.tp}, pp {c.pp}, ep {c.ep}, cp {c.cp})"
         kw = dict(tp=p.tp, ep=p.ep, ep_rank=c.ep, vocab_rows=vocab_rows, where=where)
-        with fake_rank(world, c, tp=p.tp, pp=p.pp, ep=p.ep, cp=p.cp, vpp=p.vpp):
+        with fake_rank(trainers, c, tp=p.tp, pp=p.pp, ep=p.ep, cp=p.cp, vpp=p.vpp):
             chunks = build_meta_chunks(spec, opts, c.pp)
             if not te:
                 n_local += check_names(chunks, spec, **kw)
@@ -147,19 +163,38 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, say: Callable[[
     say(f"ok   weight sync: {len(stages)} stage(s) own every layer once; {len(manifest)} tensors ({dtype}) in {n_buckets} buckets of {cfg.rollout.bucket_mb:g} MiB; "
         f"largest {big[0]} {big[2]} = {largest / 2**20:,.0f} MiB"
         + (f", split over {-(-largest // cap)} buckets" if largest > cap else ""))
-    fleet = build_fleet(cfg.parallel, cfg.rollout, world)
-    placed = check_placement(fleet, nodes, gpus_per_node)
-    per_node = {}
+    if pools is None:
+        fleet = build_fleet(cfg.parallel, cfg.rollout, world)
+        placed = check_placement(fleet, nodes, gpus_per_node)
+        first = min(e.node for e in placed)
+        tail = "; no GPU shared"
+    else:
+        placed = check_pool_placement(pools, nodes, gpus_per_node)
+        first = placed[0].node
+        tail = (f"; ranks {pools.trainer_world}-{world - 1}, no GPU shared with another engine or the training "
+                f"pool's {pools.trainer_world}")
+    per_node: dict[int, list] = {}
     for e in placed:
         per_node.setdefault(e.node, []).append(e.gpus)
-    say(f"ok   engine placement: {len(placed)} {cfg.rollout.engine} engines (rollout TP {fleet.rollout_tp}), node 0: "
-        + " ".join("[" + ",".join(map(str, g)) + "]" for g in per_node.get(0, [])) + "; no GPU shared")
+    say(f"ok   engine placement: {len(placed)} {cfg.rollout.engine} engines (rollout TP {len(placed[0].gpus)}), "
+        f"node {first}: "
+        + " ".join("[" + ",".join(map(str, g)) + "]" for g in per_node.get(first, [])) + tail)
     lay = layout_of(cfg)
-    plan = estimate(cfg, spec, lay, nodes=nodes, gpus_per_node=gpus_per_node, hw=Assumptions(gpu_mem_gb=gpu_mem_gb))
+    hw = Assumptions(gpu_mem_gb=gpu_mem_gb)
+    if pools is None:
+        plan = estimate(cfg, spec, lay, nodes=nodes, gpus_per_node=gpus_per_node, hw=hw)
+    else:
+        from megatron_maspo.launch.plan_disagg import estimate_disaggregated
+
+        plan = estimate_disaggregated(dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel,
+                                                                                            world_size=world)),
+                                      spec, lay, nodes=nodes, gpus_per_node=gpus_per_node, hw=hw)
     planned = local_params(spec, lay, cfg.model.make_vocab_size_divisible_by)
     off = check_memory(plan, counts, planned, cfg)
     worst = max(counts, key=lambda k: k.dense + k.expert)
-    say(f"ok   memory plan: largest rank {worst.dense + worst.expert:,} parameters = the planner's; peak "
-        f"{plan.memory.peak:.1f} of {gpu_mem_gb:g} GiB; offloaded per GPU "
-        + (", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in off.items() if v) or "nothing"))
+    peak = (f"peak {plan.memory.peak:.1f} of {gpu_mem_gb:g} GiB" if pools is None else
+            f"peak per training GPU {plan.memory.peak:.1f} (the trainer's own: no engine on it), per engine GPU "
+            f"{plan.engine.peak:.1f} (the engine's own) of {gpu_mem_gb:g} GiB")
+    say(f"ok   memory plan: largest rank {worst.dense + worst.expert:,} parameters = the planner's; {peak}; "
+        "offloaded per GPU " + (", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in off.items() if v) or "nothing"))
 

@@ -14,7 +14,8 @@ Per built rank (meta-device ``GPTModel`` chunks):
 Once per layout: :func:`check_stage_manifest` (one owning stage per layer, embedding and head),
 :func:`check_bucket_plan` (the sync's export manifest, i.e. every HF tensor in export order
 with its shape and the rollout dtype, laid into buckets of ``rollout.bucket_mb``), :func:`check_placement`
-(each engine's GPUs on each node), :func:`check_memory` (the planner's per-GPU parameter counts and offload
+(each engine's GPUs on each node; :func:`check_pool_placement` for a disaggregated job's rollout pool),
+:func:`check_memory` (the planner's per-GPU parameter counts and offload
 bytes against the built chunks').
 """
 
@@ -228,6 +229,18 @@ def check_placement(fleet, nodes: int, gpus_per_node: int) -> list:
             raise CheckError("engine placement", f"engine {p.engine} placed on node {p.node} GPUs {p.gpus}, outside "
                                                  f"{nodes} x {gpus_per_node}")
     return list(placed)
+
+
+def check_pool_placement(pools, nodes: int, gpus_per_node: int) -> list:
+    """Disaggregated: every engine's node and GPUs (``PoolLayout.placement``), inside the node, none shared,
+    and none on a GPU of the training pool (global GPU ``node x gpus_per_node + gpu`` >= T)."""
+    placed = check_placement(pools, nodes, gpus_per_node)
+    for p in placed:
+        shared = [g for g in p.gpus if p.node * gpus_per_node + g < pools.trainer_world]
+        if shared:
+            raise CheckError("engine placement", f"engine {p.engine} on node {p.node} GPU {shared[0]} shares a GPU "
+                                                 f"of the training pool (ranks 0-{pools.trainer_world - 1})")
+    return placed
 
 
 def check_memory(plan, counts: list[RankCounts], planned: tuple[float, float], cfg) -> dict[str, float]:

@@ -169,6 +169,8 @@ def _warn_if_not_fitting(cfg, opts) -> None:
         spec = arch_of(cfg)
     except ValueError:
         return
+    if cfg.rollout.disaggregated:  # two pools, no GPU shared (launch/plan_disagg.py)
+        from megatron_maspo.launch.plan_disagg import estimate_disaggregated as estimate
     plan = estimate(cfg, spec, layout_of(cfg), nodes=opts.nodes, gpus_per_node=opts.gpus_per_node)
     for reason in plan.reasons:
         logger.warning("planner (80 GiB GPUs assumed): %s -- see `maspo plan`", reason)

@@ -13,6 +13,12 @@ Formulas and assumptions: ``megatron_maspo/launch/plan.py``.
     maspo plan r1_distill_qwen_7b_maspo --nodes 4 --set train.offload_optimizer=true          # host memory it needs
     maspo plan llama3_70b_maspo --nodes 16 --set parallel.cp=2 --set model.attention_backend=te  # CP: planned only
     maspo plan llama3_70b_maspo --nodes 8 --controller-gb-s 0.8   # as a single-controller framework would run it
+    maspo plan r1_distill_qwen_7b_maspo --nodes 4 --splits          # colocated vs every disaggregated split
+    maspo plan r1_distill_qwen_7b_maspo --nodes 4 --set rollout.placement=disaggregated \
+        --set rollout.engine_ranks=16 --set rollout.max_staleness=1 --set loss.tis_cap=2.0   # one split
+
+Every plan ends with the placement comparison: the colocated step beside the best disaggregated split of
+the same GPUs (``launch/plan_split.py``, docs/disaggregated.md); ``--splits`` prints every split.
 
 Exit status: 0 when the layout fits, 1 when refused (after printing any suggestion), 2 on bad input.
 """
@@ -43,6 +49,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--decode-step-ms", type=float, default=2.0,
                    help="fixed cost of one engine decode step besides its reads, ms (default 2)")
     p.add_argument("--sync-gb-s", type=float, default=10.0, help="weight-sync bandwidth GB/s (default 10)")
+    p.add_argument("--internode-gb-s", type=float, default=40.0,
+                   help="inter-node bandwidth per GPU, GB/s: the disaggregated weight broadcast and cross-node "
+                        "rings (default 40: 400 Gb/s NDR InfiniBand at ~80%%)")
+    p.add_argument("--splits", action="store_true",
+                   help="print every disaggregated split of the GPUs beside the colocated plan")
+    p.add_argument("--staleness", type=int, default=None,
+                   help="k for the placement comparison (default: max(1, rollout.max_staleness))")
     p.add_argument("--controller-gb-s", type=float, default=None,
                    help="plan a single-controller framework that ships each trainer call's padded batch to every "
                         "tp*pp*cp rank, at this (de)serialisation rate in GB/s (default: none, as this trainer)")
@@ -92,14 +105,17 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be > 0 tokens, got {getattr(args, name)}")
     if args.controller_gb_s is not None and args.controller_gb_s <= 0:
         raise ConfigError(f"--controller-gb-s must be > 0 GB/s, got {args.controller_gb_s}")
+    if args.internode_gb_s <= 0:
+        raise ConfigError(f"--internode-gb-s must be > 0 GB/s, got {args.internode_gb_s}")
+    if args.staleness is not None and args.staleness < 0:
+        raise ConfigError(f"--staleness must be >= 0, got {args.staleness}")
     hw = Assumptions(gpu_mem_gb=args.gpu_mem_gb, peak_tflops=args.peak_tflops, hbm_tb_s=args.hbm_tb_s,
                      mfu=args.mfu, moe_expert_mfu=args.moe_expert_mfu, decode_bw_eff=args.decode_eff,
                      decode_step_ms=args.decode_step_ms,
-                     sync_gb_s=args.sync_gb_s, prompt_mean=args.prompt_mean,
+                     sync_gb_s=args.sync_gb_s, internode_gb_s=args.internode_gb_s, prompt_mean=args.prompt_mean,
                      response_mean=args.response_mean, response_max=args.response_max,
                      controller_gb_s=args.controller_gb_s)
     spec = arch_of(cfg)
-    plan = estimate(cfg, spec, layout_of(cfg), nodes=args.nodes, gpus_per_node=args.gpus_per_node, hw=hw)
     print(f"model: {cfg.model.arch or cfg.model.source} ({spec.num_parameters() / 1e9:.2f} B parameters) on "
           f"{args.nodes} x {args.gpus_per_node} GPUs of {hw.gpu_mem_gb:.0f} GiB")
     print(f"assumptions: {dataclasses.asdict(hw)}")
@@ -107,7 +123,11 @@ def run(args: argparse.Namespace) -> int:
         from megatron_maspo.model.moe import moe_summary
 
         print(moe_summary(cfg.model))
+    if cfg.rollout.disaggregated:
+        return _run_disaggregated(cfg, spec, args, hw)
+    plan = estimate(cfg, spec, layout_of(cfg), nodes=args.nodes, gpus_per_node=args.gpus_per_node, hw=hw)
     print(format_plan(plan, "recipe layout: "))
+    _print_comparison(cfg, spec, args, hw)
     if plan.fits:
         return 0
     from megatron_maspo.launch.plan_verdict import memory_verdicts
@@ -121,4 +141,36 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_plan(better, "nearest fitting layout: "))
         print("  use: " + " ".join(f"--set {o}" for o in apply_layout(cfg, better.layout)))
+    return 1
+
+
+def _print_comparison(cfg, spec, args, hw) -> None:
+    """The colocated step beside the best disaggregated split of the same GPUs (``--splits``: all)."""
+    from megatron_maspo.launch.plan import layout_of
+    from megatron_maspo.launch.plan_report import format_comparison
+    from megatron_maspo.launch.plan_split import compare_placements
+
+    if args.nodes * args.gpus_per_node < 2:
+        return
+    cmp = compare_placements(cfg, spec, layout_of(cfg), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                             hw=hw, staleness=args.staleness)
+    print(format_comparison(cmp, table=args.splits))
+
+
+def _run_disaggregated(cfg, spec, args, hw) -> int:
+    """``rollout.placement=disaggregated``: the split's two pools, its memory verdicts, the comparison."""
+    from megatron_maspo.launch.plan import layout_of
+    from megatron_maspo.launch.plan_disagg import POOL_CHANGES, estimate_disaggregated
+    from megatron_maspo.launch.plan_report import format_pool_plan
+    from megatron_maspo.launch.plan_verdict import memory_verdicts
+
+    plan = estimate_disaggregated(cfg, spec, layout_of(cfg), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                                  hw=hw)
+    print(format_pool_plan(plan, "recipe layout, disaggregated: "))
+    _print_comparison(cfg, spec, args, hw)
+    if plan.fits:
+        return 0
+    for verdict in memory_verdicts(cfg, spec, plan, nodes=args.nodes, gpus_per_node=args.gpus_per_node, hw=hw,
+                                   estimator=estimate_disaggregated, changes=POOL_CHANGES):
+        print(f"memory verdict: {verdict.describe()}")
     return 1

@@ -74,6 +74,10 @@ Response and prompt lengths default to fractions of their budgets; ``Assumptions
 ``response_max`` and ``prompt_mean`` (``maspo plan --response-mean/--response-max/--prompt-mean``) set
 them from a measured run. docs/planner-calibration.md compares the figures with published runs. A plan
 refused on memory gets verdicts (launch/plan_verdict.py): each change that makes it fit, with its cost.
+
+The disaggregated placement (rollout.placement=disaggregated: separate training and rollout pools) runs
+these same phase models on each pool: launch/plan_disagg.py, and launch/plan_split.py for the comparison
+of every split with the colocated plan (docs/disaggregated.md).
 """
 
 from __future__ import annotations
@@ -191,9 +195,15 @@ def _layout_reasons(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, world: int,
         reasons.append(f"tp={lay.tp} spans nodes (gpus_per_node={gpus_per_node}); keep TP inside NVLink")
     if dp % lay.ep:
         reasons.append(f"data-parallel size {dp} is not divisible by ep={lay.ep}")
-    if lay.vllm_tp > gpus_per_node or world % lay.vllm_tp:
-        reasons.append(f"rollout.vllm_tp={lay.vllm_tp} must divide the world ({world}) within a node")
     return reasons, dp
+
+
+def _engine_tp_reasons(lay: Layout, engine_gpus: int, gpus_per_node: int) -> list[str]:
+    """The engine TP must divide the GPUs the engines run on (the world colocated, the rollout pool
+    disaggregated) inside one node."""
+    if lay.vllm_tp > gpus_per_node or engine_gpus % lay.vllm_tp:
+        return [f"rollout.vllm_tp={lay.vllm_tp} must divide the world ({engine_gpus}) within a node"]
+    return []
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -399,6 +409,7 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     reasons, dp = _layout_reasons(cfg, spec, lay, world, gpus_per_node)
     if not dp:
         return Plan(layout=lay, world=world, dp=0, reasons=reasons)
+    reasons += _engine_tp_reasons(lay, world, gpus_per_node)
     sh = _shape(cfg, spec, lay, dp, hw, reasons)
     engine, engine_w, kv_pool = _engine_bytes(cfg, spec, lay, sh, world, hw)
     mem, off = _memory(cfg, spec, lay, dp, sh, engine, engine_w, hw)

@@ -39,3 +39,75 @@ def format_plan(plan: Plan, title: str = "") -> str:
         lines.append(f"  weight sync: transport {plan.transport}, buckets of {plan.bucket_mb:g} MiB")
     lines += [f"  REFUSED: {r}" for r in plan.reasons] or ["  fits"]
     return "\n".join(lines)
+
+
+def format_pool_plan(plan, title: str = "") -> str:
+    """A human-readable report of one disaggregated split (``launch/plan_disagg.py::PoolPlan``)."""
+    lay = plan.layout
+    cp = f" cp={lay.cp}" if lay.cp > 1 else ""
+    engines = plan.pools.num_engines if plan.pools else plan.engine_ranks // max(1, lay.vllm_tp)
+    lines = [f"{title}world={plan.world}: training pool {plan.trainer_world} GPUs (tp={lay.tp} pp={lay.pp}{cp} "
+             f"ep={lay.ep} dp={plan.dp} recompute={lay.recompute} distributed_optimizer={lay.distributed_optimizer}), "
+             f"rollout pool {plan.engine_ranks} GPUs ({engines} {plan.engine_kind} engine(s) of TP {lay.vllm_tp})"]
+    if plan.memory and plan.engine:
+        m, e = plan.memory, plan.engine
+        lines.append(f"  training GPU GiB: weights {m.weights:.1f}  grads {m.grads:.1f}  optimizer {m.optimizer:.1f}  "
+                     f"activations {m.activations:.1f}  logprob-chunk {m.logprob:.2f}  reserve {m.reserve:.1f}"
+                     + (f"  reference {m.reference:.1f}" if m.reference else "")
+                     + f"; peak train {m.train_peak:.1f}, sync {m.rollout_peak:.1f} (no engine, nothing offloaded)")
+        frac = (f"; rollout.vllm_gpu_memory_utilization up to {plan.engine_fraction_max:.2f} fits"
+                if plan.engine_fraction_max is not None else "")
+        owners = max(1, plan.gpus_per_node // max(1, lay.vllm_tp))
+        host = (f"; staged sync in host memory {e.host:.1f} GiB per engine owner ({e.host * owners:.0f} GiB per "
+                "full node)" if e.host else "")
+        lines.append(f"  engine GPU GiB: engine {e.share:.1f} (weights {e.weights:.1f})  staged sync {e.staged:.1f}  "
+                     f"buckets {e.buckets:.1f}  reserve {e.reserve:.1f} -> peak {e.peak:.1f}; KV pool holds "
+                     f"{plan.kv_seqs} full-length sequences per engine{host}{frac}")
+    if plan.time:
+        t = plan.time
+        lines.append(f"  rollout pool s/batch: generation {t.generation:.0f}  grading {t.grading:.1f}  apply sync "
+                     f"{t.apply:.1f}  = {t.engine_side:.0f}")
+        lines.append(f"  training pool s/step: old-logprob {t.old_logprob:.0f}  update {t.update:.0f}  export "
+                     f"{t.export:.1f}  broadcast {t.broadcast:.1f} ({plan.link} {plan.link_gb_s:g} GB/s)  "
+                     f"= {t.trainer_side:.0f}")
+        how = "max of the pools: they overlap" if t.staleness >= 1 else "sum of the pools: k = 0 takes turns"
+        lines.append(f"  step s: {t.total:.0f} at k={t.staleness} ({how}; the {t.bound} pool bounds it); "
+                     f"{t.total_at(0):.0f} at k=0; longest response {plan.tail:.0f} tokens")
+    if plan.pools:
+        lines.append(f"  pools (as the job builds them): {plan.pools.describe(plan.prompts_per_step)}")
+    lines += [f"  REFUSED: {r}" for r in plan.reasons] or ["  fits"]
+    return "\n".join(lines)
+
+
+def format_comparison(cmp, *, table: bool = False) -> str:
+    """Colocated vs the best disaggregated split (``launch/plan_split.py``); ``table``: every split."""
+    col, k = cmp.colocated, cmp.staleness
+    col_s = f"{col.time.total:.0f} s" if col.time and col.fits else "refused"
+    lines = [f"placement: colocated step {col_s} on {col.world} GPUs"]
+    best = cmp.best
+    if best is None:
+        lines.append(f"  no disaggregated split of {col.world} GPUs fits")
+    else:
+        p, sets = best
+        t = p.time
+        verdict = (f"{cmp.speedup:.2f}x colocated: disaggregated is faster" if cmp.speedup and cmp.speedup > 1
+                   else "colocated is faster" if cmp.speedup else "colocated does not fit")
+        lines.append(f"  best disaggregated split at k={k}: {p.engine_ranks} engine GPUs + {p.trainer_world} "
+                     f"training GPUs, step {t.total:.0f} s (rollout {t.engine_side:.0f}, training "
+                     f"{t.trainer_side:.0f}), {verdict}; {t.total_at(0):.0f} s at k=0")
+        lines.append("  use: " + (" ".join(f"--set {o}" for o in sets) or "(this config)"))
+    if table:
+        lines.append(f"  {'R':>3} {'T':>3} {'engines':>7} {'rollout s':>9} {'training s':>10} {f'step k={k}':>9} "
+                     f"{'step k=0':>8} {'peak GiB train/engine':>21}  verdict")
+        laid = [p for p, _ in cmp.splits if p.time is not None]
+        for p in laid:
+            t, eng = p.time, p.pools.num_engines if p.pools else 0
+            peaks = f"{p.memory.peak:.1f}/{p.engine.peak:.1f}"
+            lines.append(f"  {p.engine_ranks:>3} {p.trainer_world:>3} {eng:>7} {t.engine_side:>9.0f} "
+                         f"{t.trainer_side:>10.0f} {t.total:>9.0f} {t.total_at(0):>8.0f} {peaks:>21}  "
+                         + ("fits" if p.fits else "refused: " + p.reasons[0]))
+        unlaid = [p for p, _ in cmp.splits if p.time is None]
+        if unlaid:
+            lines.append(f"  {len(unlaid)} other split(s) refused by the pools' layout, e.g. R={unlaid[0].engine_ranks}: "
+                         f"{unlaid[0].reasons[0]}")
+    return "\n".join(lines)

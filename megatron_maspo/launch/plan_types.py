@@ -198,3 +198,8 @@ class Plan:
     @property
     def fits(self) -> bool:
         return not self.reasons
+
+    @property
+    def peak_gb(self) -> float:
+        """The highest per-GPU memory of the plan, GiB (0 when the layout was refused before memory)."""
+        return self.memory.peak if self.memory else 0.0

@@ -46,7 +46,7 @@ class Verdict:
     plan: Plan
 
     def describe(self) -> str:
-        return (f"fits with {self.change}, by {self.margin_gb:.1f} GiB (peak {self.plan.memory.peak:.1f} GiB), "
+        return (f"fits with {self.change}, by {self.margin_gb:.1f} GiB (peak {self.plan.peak_gb:.1f} GiB), "
                 f"{self.cost_s:+.1f} s per step: " + " ".join(f"--set {o}" for o in self.overrides))
 
 
@@ -95,20 +95,23 @@ CHANGES: tuple[tuple[str, Change], ...] = (
 
 
 def memory_verdicts(cfg: MaspoConfig, spec: ArchSpec, plan: Plan, *, nodes: int, gpus_per_node: int,
-                    hw: Assumptions) -> list[Verdict]:
-    """Every single change and pair of :data:`CHANGES` that makes ``plan`` fit, cheapest first (a pair
+                    hw: Assumptions, estimator: Callable | None = None,
+                    changes: tuple[tuple[str, Change], ...] = CHANGES) -> list[Verdict]:
+    """Every single change and pair of ``changes`` that makes ``plan`` fit, cheapest first (a pair
     only when neither of its changes fits alone); empty when none does or ``plan`` is refused for more
-    than memory."""
+    than memory. ``estimator`` plans each changed config (default ``plan.estimate``, the colocated
+    placement; ``plan_disagg.estimate_disaggregated`` with ``plan_disagg.POOL_CHANGES`` for the other)."""
     from megatron_maspo.launch.plan import apply_layout, estimate, layout_of
 
+    estimator = estimator or estimate
     if plan.memory is None or plan.time is None or plan.fits or not _memory_only(plan):
         return []
     found: list[Verdict] = []
-    combos = [(c,) for c in CHANGES] + list(itertools.combinations(CHANGES, 2))
+    combos = [(c,) for c in changes] + list(itertools.combinations(changes, 2))
     for combo in combos:
         try:  # a change the config's own validation refuses (tp x pp past the world) is no verdict
             got = _apply(combo, cfg, plan, hw)
-            new = estimate(got[0], spec, got[1], nodes=nodes, gpus_per_node=gpus_per_node, hw=hw) if got else None
+            new = estimator(got[0], spec, got[1], nodes=nodes, gpus_per_node=gpus_per_node, hw=hw) if got else None
         except ValueError:
             continue
         if new is None or not new.fits or new.time is None or new.memory is None:
@@ -119,7 +122,7 @@ def memory_verdicts(cfg: MaspoConfig, spec: ArchSpec, plan: Plan, *, nodes: int,
         c, lay = got
         overrides = tuple(_cfg_overrides(cfg, c)) + tuple(apply_layout(cfg, lay) if lay != layout_of(cfg) else ())
         found.append(Verdict(" + ".join(n for n, _ in combo), tuple(dict.fromkeys(overrides)),
-                             hw.gpu_mem_gb - new.memory.peak, new.time.total - plan.time.total, new))
+                             hw.gpu_mem_gb - new.peak_gb, new.time.total - plan.time.total, new))
     return sorted(found, key=lambda v: (v.cost_s, v.change.count("+")))
 
 

@@ -110,3 +110,53 @@ def test_te_backend_is_checked_under_the_recorded_te_names():
     res = check_config(cfg, nodes=1, gpus_per_node=8)
     assert res.ok, res.lines
     assert "TE (recorded names) spec" in res.lines[0] and "TE-spec names resolve" in res.lines[1]
+
+
+DISAGG = ["rollout.placement=disaggregated", "rollout.max_staleness=1", "loss.tis_cap=2.0"]
+
+
+def test_disaggregated_7b_checks_the_training_pool_and_the_engines_own_gpus():
+    """16 training + 16 engine GPUs: the 16 trainer ranks are built, the engines sit on nodes 2-3 by
+    ``PoolLayout.placement``, and the peaks are the trainer's own and the engine's own."""
+    cfg = resolve_config("r1_distill_qwen_7b_maspo", None,
+                         [*DISAGG, "rollout.engine_ranks=16", "rollout.vllm_gpu_memory_utilization=0.9"])
+    res = check_config(cfg, nodes=4, gpus_per_node=8)
+    assert res.ok, res.lines
+    assert "in the training pool of 16 GPUs (16 engine GPUs)" in res.lines[0]
+    place = next(ln for ln in res.lines if "engine placement" in ln)
+    assert "16 vllm engines" in place and "node 2: [0] [1]" in place and "ranks 16-31" in place
+    mem = next(ln for ln in res.lines if "memory plan" in ln)
+    assert "per training GPU 34.5 (the trainer's own: no engine on it), per engine GPU 76.5" in mem
+
+
+def _tiny_disagg(*sets: str):
+    return resolve_config("tiny", None, [*DISAGG, *sets])
+
+
+def test_disaggregated_refusals_name_their_step():
+    # the training pool's 17 ranks are not a multiple of the trainer's tp = 2
+    cfg = resolve_config("r1_distill_qwen_7b_maspo", None, [*DISAGG, "rollout.engine_ranks=15"])
+    res = check_config(cfg, nodes=4, gpus_per_node=8)
+    assert res.error.step == "layout" and "17 training + 15 engine GPUs" in str(res.error)
+    # two TP-4 engines on 8 ranks after a 4-rank training pool, 6-GPU nodes: engine 0 spans two nodes
+    res = check_config(_tiny_disagg("parallel.world_size=12", "rollout.engine=vllm", "rollout.vllm_tp=4",
+                                    "rollout.engine_ranks=8"), nodes=2, gpus_per_node=6)
+    assert res.error.step == "engine placement" and "spans two nodes of 6 GPUs" in str(res.error)
+    # an engine share its own GPU cannot hold
+    res = check_config(_tiny_disagg("parallel.world_size=2", "rollout.engine=vllm", "rollout.engine_ranks=1",
+                                    "rollout.vllm_gpu_memory_utilization=0.99"), nodes=1, gpus_per_node=2)
+    assert res.error.step == "memory plan" and "per engine GPU > 80 GiB" in str(res.error)
+
+
+def test_pool_placement_refuses_an_engine_on_a_training_gpu():
+    from megatron_maspo.check.steps import CheckError, check_pool_placement
+    from megatron_maspo.rollout.fleet import EnginePlacement
+    from megatron_maspo.rollout.pools import PoolLayout
+
+    class Overlapping(PoolLayout):  # a layout bug that put engine 0 on the last training GPU
+        def placement(self, gpus_per_node):
+            return (EnginePlacement(engine=0, owner=3, node=0, gpus=(3,)),)
+
+    with pytest.raises(CheckError, match="shares a GPU of the training pool"):
+        check_pool_placement(Overlapping(world=8, engine_ranks=4), 1, 8)
+    assert len(check_pool_placement(PoolLayout(world=8, engine_ranks=4), 1, 8)) == 4
