@@ -3,18 +3,20 @@ megatron_maspo/parallel/launch.py), served by long-lived worker pools.
 
 A fresh spawned world pays for process start-up and the torch, Megatron and transformers imports on
 every rank (~10 s per world on 2 idle cores, several times that on a loaded box), and the default
-test run starts some forty worlds. A pool keeps one world per world size alive for the whole
-session (its group timeout is ``POOL_TIMEOUT_S``, the largest a default-run test asks for: a hung
-collective fails after that long rather than after the call's own ``timeout_s``): each call sends ``fn`` and its arguments to every rank, which runs
-``fn(rank, world_size, *args)`` on the same gloo default group and then tears Megatron's parallel
-state down (as the package helper does), and resets torch's default RNG to the seed a fresh process
-starts with, so a call sees what a fresh world would. A rank that raises records its traceback and
-exits (as in the package helper); the parent ends the pool's other ranks, raises
-:class:`WorkerError` with every recorded traceback (the failing rank first), and the next call starts
-a new pool.
+test run starts some forty worlds. A pool keeps one world per world size alive for the session; its
+group timeout is ``POOL_TIMEOUT_S``, the largest a default-run test asks for (a hung collective fails
+after that long rather than after the call's own ``timeout_s``). Each call sends ``fn`` and its
+arguments to every rank, which runs ``fn(rank, world_size, *args)`` on the same gloo default group,
+then tears Megatron's parallel state and every other process group down and resets torch's default
+RNG to the seed a fresh process starts with, so a call sees what a fresh world would. A pool whose
+ranks keep more than ``MAX_IDLE_THREADS`` threads after that is replaced. A rank that raises records
+its traceback and exits (as in the package helper); the parent ends the pool's other ranks, raises
+:class:`WorkerError` with every recorded traceback (the failing rank first), and the next call
+starts a new pool.
 
-``fresh=True`` (or CUDA, an explicit ``backend``, or a ``timeout_s`` above the pool's) uses the package helper: a new world per call,
-for tests of the helper's own failure handling or whose ranks patch process-wide state.
+``fresh=True`` (or CUDA, an explicit ``backend``, or a ``timeout_s`` above the pool's) uses the
+package helper, a new world per call: for tests of the helper's own failure handling, or whose ranks
+patch process-wide state.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ from megatron_maspo.parallel.launch import run_workers as _fresh_run_workers
 __all__ = ["WorkerError", "free_port", "run_workers"]
 
 POOL_TIMEOUT_S = 600.0
+# Process groups that something still references survive the reset (Megatron's gloo groups for the
+# distributed optimizer, objects kept by Megatron's caches): each keeps gloo threads polling, about
+# 0.2 % of a core per thread while the pool waits. A rank left with more threads than this after a
+# call ends its pool; the next call starts a new one.
+MAX_IDLE_THREADS = 48
 
 
 def _pool_entry(rank: int, world_size: int, port: int, timeout_s: float, tasks) -> None:
@@ -71,8 +78,16 @@ def _pool_entry(rank: int, world_size: int, port: int, timeout_s: float, tasks) 
 
             report_and_exit(f"worker rank {rank}")  # no teardown: peers may be mid-collective
         _reset_process()
+        (task_dir / f"threads{rank}").write_text(str(_num_threads()))
         os.replace(path.with_suffix(".tmp"), path)  # after the teardown: the next task starts clean
     dist.destroy_process_group()
+
+
+def _num_threads() -> int:
+    try:
+        return len(os.listdir(f"/proc/{os.getpid()}/task"))
+    except OSError:  # not Linux
+        return 0
 
 
 def _reset_process() -> None:
@@ -126,7 +141,11 @@ class _Pool:
                 if dead:
                     self._fail(task_dir, dead[0])
                 time.sleep(0.02)
-            return [torch.load(f, weights_only=False)[1] for f in files]
+            out = [torch.load(f, weights_only=False)[1] for f in files]
+            threads = max(int((task_dir / f"threads{r}").read_text()) for r in range(self.world_size))
+            if threads > MAX_IDLE_THREADS:
+                self.close()  # the next call starts a new pool
+            return out
         finally:
             shutil.rmtree(task_dir, ignore_errors=True)
 
