@@ -21,7 +21,7 @@ if _REPO not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
 
-_EXTRA_MODULES = {"vllm": "vllm", "te": "transformer_engine", "launch": "nemo_run"}
+_EXTRA_MODULES = {"vllm": "vllm", "vllm_slow": "vllm", "te": "transformer_engine", "launch": "nemo_run"}
 
 
 def _has(mod: str) -> bool:

@@ -15,7 +15,10 @@ import torch
 import torch.distributed as dist
 
 from megatron_maspo.parallel import comm
-from tests.distributed._launch import WorkerError, run_workers
+from megatron_maspo.parallel.launch import (  # the package helper itself (fresh worlds)
+    WorkerError,
+    run_workers,
+)
 
 
 def _collectives(rank: int, world: int) -> dict:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from megatron_maspo.parallel.launch import run_workers
 from tests.distributed._actor_helpers import make_cfg, make_samples, name_init, qwen2_spec
+from tests.distributed._launch import run_workers
 
 
 def _worker(rank: int, world: int, ckpt: str) -> dict:

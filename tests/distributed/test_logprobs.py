@@ -188,4 +188,4 @@ def _worker(rank: int, world: int, cases: list[tuple[int, int]]):
     (3, [(3, 50)]),
 ], ids=["tp4-tp2-tp1", "tp3-uneven"])
 def test_vocab_parallel_logprobs_match_fp64_reference(world, cases):
-    assert all(run_workers(_worker, world, cases, timeout_s=120))
+    assert all(run_workers(_worker, world, cases, timeout_s=120, fresh=True))  # patches parallel_state

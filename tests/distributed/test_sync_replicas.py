@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron_maspo.parallel.launch import run_workers
+from tests.distributed._launch import run_workers
 
 
 def _worker(rank: int, world: int) -> tuple:

@@ -3,14 +3,12 @@ from a checkpoint with its pending batches exactly as if it had never stopped.""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_train_cli import MICRO, _comparable, _metrics, _run
+from tests.e2e.test_train_cli import MICRO, _cmd, _comparable, _metrics, _run, _run_concurrently
 
 # MICRO trains on all-equal rewards (gradient 0). LEARNING gives non-zero advantages: a longer warm
 # start makes some responses stop early, and the overlong penalty then grades them by length.
@@ -35,17 +33,12 @@ destroy_parallel()
 """
 
 
-def _forced_queue(sets: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-c", _FORCED_QUEUE, *sets], capture_output=True, text=True,
-                          timeout=600, env=env)
-
-
 def _check_k0_is_synchronous(base: list[str], tmp_path: Path) -> list[dict]:
     sync, forced = tmp_path / "sync", tmp_path / "forced"
-    a = _run(sets=[*base, "train.steps=3", "rollout.max_staleness=0", f"checkpoint.run_dir={sync}"])
+    a, b = _run_concurrently(  # the plain loop and the forced-queue loop, side by side
+        _cmd(sets=[*base, "train.steps=3", "rollout.max_staleness=0", f"checkpoint.run_dir={sync}"]),
+        [sys.executable, "-c", _FORCED_QUEUE, *base, "train.steps=3", f"checkpoint.run_dir={forced}"])
     assert a.returncode == 0, a.stderr[-3000:]
-    b = _forced_queue([*base, "train.steps=3", f"checkpoint.run_dir={forced}"])
     assert b.returncode == 0, b.stderr[-3000:]
     ra, rb = _metrics(sync), _metrics(forced)
     assert len(ra) == 3 and not any(k.startswith("rollout/staleness") for k in ra[0])  # no new keys at k=0

@@ -31,6 +31,23 @@ def _run(*args: str, sets: list[str] = (), timeout: int = 600) -> subprocess.Com
     return subprocess.run(_cmd(*args, sets=sets), capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def _run_concurrently(*cmds: list[str], timeout: int = 600) -> list[subprocess.CompletedProcess]:
+    """Independent runs side by side (each is one single-threaded process: 2 cores take two at once)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for c in cmds]
+    out = []
+    for c, p in zip(cmds, procs):
+        try:
+            stdout, stderr = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        out.append(subprocess.CompletedProcess(c, p.returncode, stdout, stderr))
+    return out
+
+
 def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
@@ -62,7 +79,9 @@ def test_unknown_recipe_fails_fast():
 
 def test_resume_reproduces_uninterrupted_run(tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
-    a = _run(sets=[*MICRO, "train.steps=4", "checkpoint.save_every=2", f"checkpoint.run_dir={full}"])
+    a, b = _run_concurrently(
+        _cmd(sets=[*MICRO, "train.steps=4", "checkpoint.save_every=2", f"checkpoint.run_dir={full}"]),
+        _cmd(sets=[*MICRO, "train.steps=2", "checkpoint.save_every=2", f"checkpoint.run_dir={part}"]))
     assert a.returncode == 0, a.stderr[-3000:]
     assert not [ln for ln in a.stderr.splitlines() if "transformers" in ln and
                 ("deprecat" in ln.lower() or "will be removed" in ln)], "transformers deprecation warning"
@@ -74,7 +93,6 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     for noise in ("Apex", "Transformer Engine", "Megatron-FSDP", "Params for bucket", "Overwriting",
                   "RL steps", "\r"):
         assert noise not in a.stderr, (noise, a.stderr[-3000:])
-    b = _run(sets=[*MICRO, "train.steps=2", "checkpoint.save_every=2", f"checkpoint.run_dir={part}"])
     assert b.returncode == 0, b.stderr[-3000:]
     c = _run("--resume", str(part), sets=["train.steps=4"])
     assert c.returncode == 0, c.stderr[-3000:]

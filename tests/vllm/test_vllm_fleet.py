@@ -2,7 +2,10 @@
 half of the step's groups, every rank receives all of them, and one training step's trainer-vs-rollout
 log-prob mismatch stays at the fp32 level (weights reached each engine through the ipc transport).
 
-Each rank starts its own vLLM engine (~30 s alone, minutes on a loaded 2-core box): ``vllm`` + ``slow``.
+Each rank starts its own vLLM engine (~30 s alone, 74 s for the test on 2 idle cores, minutes on a loaded
+box): ``vllm_slow``, outside the default run (``-m vllm_slow`` runs it). The default run keeps the vLLM
+engine path in tests/vllm/test_vllm_engine.py and the fleet's sharding and gathering with built-in
+engines in tests/distributed/test_fleet_rollout.py.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import pytest
 
 from tests.distributed._launch import run_workers
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm_slow, pytest.mark.slow]
 
 
 def _cfg(run_dir: str):

@@ -8,7 +8,7 @@ weights (bitwise), and every staged bucket was already in shared memory (no move
 step (``rollout.max_staleness=0``: every sample is on-policy): the trainer's recomputed log-probs equal the
 engine's within the vLLM log-prob tolerance of ``test_vllm_engine.py`` (1e-4, fp32).
 
-One vLLM engine start (~30 s alone, minutes on a loaded 2-core box): ``vllm`` + ``slow``.
+One vLLM engine start (~30 s alone, minutes on a loaded 2-core box): ``vllm_slow`` (run with ``-m vllm_slow``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 
 from tests.distributed._launch import free_port
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm_slow, pytest.mark.slow]  # outside the default run: -m vllm_slow
 STEPS = 2
 LOGPROB_ATOL = 1e-4  # fp32 vLLM vs Megatron: test_vllm_engine.py / test_vllm_fleet.py
 

@@ -12,7 +12,10 @@ import pytest
 
 import megatron_maspo
 from megatron_maspo.model.checkpoint import atomic_dir, collective_atomic_dir
-from tests.distributed._launch import WorkerError, run_workers
+from megatron_maspo.parallel.launch import (  # the package helper itself (fresh worlds)
+    WorkerError,
+    run_workers,
+)
 
 PKG = Path(megatron_maspo.__file__).parent
 SHARED = "megatron_maspo/model/checkpoint.py"
