@@ -98,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
     if ckpt is None or not Path(ckpt).is_dir():  # before building anything
         raise MissingPathError(f"no checkpoint {ckpt or 'under ' + str(Path(args.run_dir) / CHECKPOINT_SUBDIR)}")
 
+    from megatron_maspo.parallel.device import import_megatron_core
+
+    import_megatron_core()  # megatron-core from here on
     from megatron_maspo.parallel.groups import destroy_parallel, init_parallel
     from megatron_maspo.rollout.types import SamplingParams
     from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights

@@ -27,7 +27,6 @@ import logging
 import sys
 
 from megatron_maspo.cli.common import add_config_args
-from megatron_maspo.parallel.device import on_cuda
 
 logger = logging.getLogger(__name__)
 
@@ -177,11 +176,14 @@ def _warn_if_not_fitting(cfg, opts) -> None:
 
 
 def _cuda_available() -> bool:
+    from megatron_maspo.parallel.device import on_cuda  # torch: not for `maspo --help`
 
     return on_cuda()
 
 
 def _cuda_count() -> int:
     import torch
+
+    from megatron_maspo.parallel.device import on_cuda
 
     return torch.cuda.device_count() if on_cuda() else 0

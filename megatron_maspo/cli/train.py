@@ -89,7 +89,10 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     t0 = time.monotonic()
-    from megatron_maspo.train.loop import train  # megatron-core from here on
+    from megatron_maspo.parallel.device import import_megatron_core
+
+    import_megatron_core()  # megatron-core from here on
+    from megatron_maspo.train.loop import train
 
     run_dir = train(cfg, resume=resume)
     requeue_if_unfinished(cfg)  # a Slurm job stopped by its time-limit signal goes back in the queue

@@ -16,11 +16,10 @@ Dispatchers in megatron-core 0.16.1 (``transformer/moe/token_dispatcher.py``):
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from megatron_maspo.parallel.device import on_cuda
+if TYPE_CHECKING:
+    import torch
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
 LOAD_BALANCING = ("none", "aux_loss", "seq_aux_loss")
@@ -53,6 +52,8 @@ def validate_moe_fields(m: Any) -> None:
 
 def flex_available() -> bool:
     """The flex dispatcher's kernels can run here: CUDA plus DeepEP importable."""
+    from megatron_maspo.parallel.device import on_cuda  # torch: not when a config is only checked
+
     return on_cuda() and importlib.util.find_spec("deep_ep") is not None
 
 

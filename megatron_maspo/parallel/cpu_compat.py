@@ -20,13 +20,19 @@ Parts:
              dispatcher keeps them as host tensors when they are already on CPU; the CPU build's
              binding takes only lists/arrays). Gloo implements all-to-all-v itself: nothing is
              emulated, the sizes are only converted to lists.
+
+Not a part: :func:`compile_on_first_call`, a context in which megatron-core is imported (see
+``device.import_megatron_core``), so that its ``torch.compile``-decorated fused kernels compile on their
+first call rather than importing TorchDynamo and Inductor while the decorators run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -272,3 +278,39 @@ def spoof_tensor_type():
 def active_parts() -> tuple[str, ...]:
     """The shim parts installed in this process."""
     return tuple(sorted(_applied))
+
+
+@contextlib.contextmanager
+def compile_on_first_call() -> Iterator[None]:
+    """Within the block, ``torch.compile(fn)`` returns ``fn`` wrapped to compile itself on its first call.
+
+    megatron-core decorates some forty fused kernels with ``torch.compile`` (``megatron.core.jit``) while
+    its modules are imported, and the decoration alone imports TorchDynamo and Inductor: about 1.3 s of
+    CPU in every process that imports megatron-core, a cost the CPU bench pays in each spawned rank
+    and ``maspo train`` run. ``torch.compile`` compiles at the first call anyway, so deferring the
+    wrapping changes nothing a call sees; modules (``nn.Module``) are compiled as usual. Only the
+    block sees the wrapper: ``torch.compile`` is the real one again after it.
+    """
+    real = torch.compile
+
+    def deferred(model: Any = None, **options: Any) -> Any:
+        if model is None:  # @torch.compile(mode=...): a decorator factory
+            return lambda fn: deferred(fn, **options)
+        if isinstance(model, torch.nn.Module):
+            return real(model, **options)
+        compiled: Callable | None = None
+
+        @functools.wraps(model)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            nonlocal compiled
+            if compiled is None:
+                compiled = real(model, **options)
+            return compiled(*args, **kwargs)
+
+        return call
+
+    torch.compile = deferred  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.compile = real

@@ -2,13 +2,14 @@
 
 Product code asks :func:`on_cuda` instead of calling ``torch.cuda.is_available()`` at each branch, so
 one answer holds for the whole process (a CUDA probe can be slow, and a test bench that hides GPUs
-does so in one place). :func:`install_cpu_bench` is the only way product code reaches
-:mod:`megatron_maspo.parallel.cpu_compat`: on a machine with CUDA it installs nothing.
+does so in one place). :func:`install_cpu_bench` and :func:`import_megatron_core` are the only ways product code
+reaches :mod:`megatron_maspo.parallel.cpu_compat`: on a machine with CUDA they install nothing.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
@@ -38,3 +39,20 @@ def install_cpu_bench() -> tuple[str, ...]:
     )
 
     return apply_cpu_compat()
+
+
+def import_megatron_core() -> None:
+    """Import megatron-core (once). On the CPU bench its ``torch.compile``-decorated fused kernels compile
+    on their first call instead of importing TorchDynamo and Inductor at import (``cpu_compat``'s
+    ``compile_on_first_call``; 1.3 s per process). Entry points call this before anything imports
+    megatron-core; one that does not only starts slower. With CUDA, a plain import.
+    """
+    if "megatron.core" in sys.modules:
+        return
+    if on_cuda():
+        import megatron.core  # noqa: F401
+        return
+    from megatron_maspo.parallel.cpu_compat import compile_on_first_call
+
+    with compile_on_first_call():
+        import megatron.core  # noqa: F401

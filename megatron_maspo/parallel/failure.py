@@ -27,9 +27,15 @@ import sys
 import traceback
 from collections.abc import Iterator
 
-import torch.distributed as dist
-
 logger = logging.getLogger(__name__)
+
+
+def _group_initialized() -> bool:
+    """Whether this process has a default process group. Looked up in ``sys.modules`` instead of
+    imported: a process that never imported ``torch.distributed`` has none, and the CLI's one-line
+    errors (``maspo train --print-config``, a bad ``--set``) then cost no torch import."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -37,7 +43,9 @@ def _rank_and_world() -> tuple[int, int]:
     default group counts its own ranks from 0 (``rollout/pools.py``)."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if dist.is_available() and dist.is_initialized():
+    if _group_initialized():
+        import torch.distributed as dist
+
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
@@ -70,6 +78,6 @@ def exit_on_error(what: str) -> Iterator[None]:
     except BaseException as e:
         if isinstance(e, SystemExit) and not e.code:
             raise
-        if not (dist.is_available() and dist.is_initialized() and _rank_and_world()[1] > 1):
+        if not (_group_initialized() and _rank_and_world()[1] > 1):
             raise
         report_and_exit(what)

@@ -39,7 +39,13 @@ from megatron_maspo.rollout.fleet import build_fleet
 from megatron_maspo.rollout.pools import build_pools
 from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
 from megatron_maspo.train.actor.checkpoint import load_checkpoint, save_checkpoint
-from megatron_maspo.train.actor.offload import Colocation, build_colocation, release_cached_memory
+from megatron_maspo.train.actor.offload import (
+    Colocation,
+    build_colocation,
+    freeze_long_lived_objects,
+    release_cached_memory,
+    unfreeze_long_lived_objects,
+)
 from megatron_maspo.train.actor.samples import Sample
 from megatron_maspo.train.components import (
     build_actor,
@@ -230,6 +236,7 @@ class Trainer:
         shard = self.rollouts.shard if self.rank == 0 else None
         evaluate = (lambda: held_out(shard.engine, shard.grader)) if shard is not None else dict
         clean = False
+        freeze_long_lived_objects()  # built: later collections scan only what the steps allocate
         try:
             progress.open()
             if not self.sft_done and tc.sft_steps > 0:
@@ -264,6 +271,7 @@ class Trainer:
                     sink.log(evaluate(), self.step)
             clean = True
         finally:
+            unfreeze_long_lived_objects()
             progress.close()
             sink.close()
             self.rollouts.close(clean=clean)  # a rollout pool is told to stop only after a clean end

@@ -52,7 +52,9 @@ def _pool_entry(rank: int, world_size: int, port: int, timeout_s: float, tasks) 
     import torch.distributed as dist
 
     from megatron_maspo.parallel import comm
+    from megatron_maspo.parallel.device import import_megatron_core
 
+    import_megatron_core()  # before any task's module imports it: the cheap import on CPU
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)

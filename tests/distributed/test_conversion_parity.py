@@ -1,7 +1,8 @@
 """HF <-> Megatron conversion on real megatron-core (gloo, 4 CPU ranks) vs real transformers models.
 
 One spawned world runs every layout: each tiny family (Qwen2 QKV-bias tied, Llama llama3-rope
-untied, Qwen3 q/k-norm tied, Qwen3-MoE) at TP in {1, 2} x PP in {1, 2} (MoE: TP 1, EP in {1, 2});
+untied, Qwen3 q/k-norm tied, Qwen3-MoE) at TP1 and TP2xPP2 (MoE: EP2 at PP1 and PP2), and under
+``slow`` at TP in {1, 2} x PP in {1, 2} (MoE: TP 1, EP in {1, 2});
 logits must match transformers to 1e-5 relative, the export must reproduce the safetensors file
 bit for bit on every rank, and a checkpoint saved at TP2xPP2 must load at TP1.
 """
@@ -19,8 +20,8 @@ from tests.distributed._launch import run_workers
 FAMILIES = ["qwen2", "llama", "qwen3", "qwen3_moe"]
 ALL_DENSE = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1)]
 ALL_MOE = [(1, 1, 1), (1, 1, 2), (1, 2, 1), (1, 2, 2)]
-# Default run: every family at TP1 and at TP2xPP2 (MoE: EP2 at PP1 and PP2); Qwen2 on the full grid.
-DEFAULT = {"qwen2": ALL_DENSE, "llama": [(1, 1, 1), (2, 2, 1)], "qwen3": [(1, 1, 1), (2, 2, 1)],
+# Default run: every family at TP1 and at TP2xPP2 (MoE: EP2 at PP1 and PP2); the full grid is slow.
+DEFAULT = {"qwen2": [(1, 1, 1), (2, 2, 1)], "llama": [(1, 1, 1), (2, 2, 1)], "qwen3": [(1, 1, 1), (2, 2, 1)],
            "qwen3_moe": [(1, 1, 2), (1, 2, 2)]}
 
 

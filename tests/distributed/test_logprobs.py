@@ -8,7 +8,9 @@ raise in every rank, so any use of the global state fails the test.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -19,15 +21,23 @@ T, H = 29, 12
 CHUNKS = (None, 7)
 
 
-def _patch_parallel_state() -> None:
+@contextlib.contextmanager
+def _parallel_state_forbidden() -> Iterator[None]:
+    """Every ``parallel_state.get_*`` raises inside the block (the explicit group must be used); the
+    getters come back after it, so the pooled worker process serves the next test as it was."""
     from megatron.core import parallel_state as ps
 
     def _boom(*_a, **_k):
         raise AssertionError("parallel_state getter called: the explicit group must be used")
 
-    for name in dir(ps):
-        if name.startswith("get_") and callable(getattr(ps, name)):
-            setattr(ps, name, _boom)
+    real = {name: getattr(ps, name) for name in dir(ps) if name.startswith("get_") and callable(getattr(ps, name))}
+    for name in real:
+        setattr(ps, name, _boom)
+    try:
+        yield
+    finally:
+        for name, fn in real.items():
+            setattr(ps, name, fn)
 
 
 def _data(seed: int, vocab: int, padded: int, dtype: torch.dtype):
@@ -167,19 +177,19 @@ def _worker(rank: int, world: int, cases: list[tuple[int, int]]):
     """``cases``: (tp, vocab) pairs; ranks are split into consecutive groups of ``tp``."""
     import torch.distributed as dist
 
-    _patch_parallel_state()
-    for tp, vocab in cases:
-        groups = [dist.new_group(list(range(s, s + tp))) for s in range(0, world, tp)]
-        group, grank = groups[rank // tp], rank % tp
-        vl = -(-vocab // tp) + 1  # ceil + 1 padded row per rank: the padding is masked
-        seed = 1000 * tp + rank // tp  # different data per group: the wrong group gives wrong sums
-        for dtype in (torch.float32, torch.bfloat16):
-            _check_logits(group, grank, tp, vocab, vl, seed, dtype)
-            _check_hidden(group, grank, tp, vocab, vl, seed, dtype)
-        _check_comm_bytes(group, grank, tp, vocab, vl)
-    if world == 4:  # a whole rank of padding: rank 3 of [23 valid ids over 4 x 8] owns no valid id
-        _check_logits(dist.group.WORLD, rank, 4, 23, 8, 7, torch.float32)
-        _check_hidden(dist.group.WORLD, rank, 4, 23, 8, 7, torch.float32)
+    with _parallel_state_forbidden():
+        for tp, vocab in cases:
+            groups = [dist.new_group(list(range(s, s + tp))) for s in range(0, world, tp)]
+            group, grank = groups[rank // tp], rank % tp
+            vl = -(-vocab // tp) + 1  # ceil + 1 padded row per rank: the padding is masked
+            seed = 1000 * tp + rank // tp  # different data per group: the wrong group gives wrong sums
+            for dtype in (torch.float32, torch.bfloat16):
+                _check_logits(group, grank, tp, vocab, vl, seed, dtype)
+                _check_hidden(group, grank, tp, vocab, vl, seed, dtype)
+            _check_comm_bytes(group, grank, tp, vocab, vl)
+        if world == 4:  # a whole rank of padding: rank 3 of [23 valid ids over 4 x 8] owns no valid id
+            _check_logits(dist.group.WORLD, rank, 4, 23, 8, 7, torch.float32)
+            _check_hidden(dist.group.WORLD, rank, 4, 23, 8, 7, torch.float32)
     return True
 
 
@@ -188,4 +198,4 @@ def _worker(rank: int, world: int, cases: list[tuple[int, int]]):
     (3, [(3, 50)]),
 ], ids=["tp4-tp2-tp1", "tp3-uneven"])
 def test_vocab_parallel_logprobs_match_fp64_reference(world, cases):
-    assert all(run_workers(_worker, world, cases, timeout_s=120, fresh=True))  # patches parallel_state
+    assert all(run_workers(_worker, world, cases, timeout_s=120))

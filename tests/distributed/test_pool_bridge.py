@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron_maspo.parallel.launch import free_port, run_workers
+from tests.distributed._launch import free_port, run_workers
 
 
 def _weights(seed: int) -> dict[str, torch.Tensor]:

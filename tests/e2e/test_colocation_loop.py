@@ -77,3 +77,12 @@ def test_loop_offloads_before_the_kv_cache_wakes_and_reloads_after_the_engine_sl
     step = [("offload", False), ("wake_kv_cache", True), ("generate", True), ("sleep", True),
             ("reload", True), ("load_buckets", False)]
     assert log == start + sync + step + step + [("save", False)], log
+    # The same run logs memory/* for every phase (test_train_memory.py's offloaded run, kept slow there).
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert len(recs) == 2
+    for rec in recs:
+        for phase in ("generate", "grade", "old_logprobs", "train", "sync"):
+            for kind in ("peak_rss", "rss"):
+                v = rec[f"memory/{phase}_{kind}_gb"]
+                assert 0.01 < v < 64, (phase, kind, v)  # a Python process with torch holds > 10 MB
+        assert rec["memory/offloaded_gb"] > 0

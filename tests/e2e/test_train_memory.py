@@ -25,6 +25,7 @@ def _offloaded_run(run_dir) -> list[dict]:
     return _metrics(run_dir)
 
 
+@pytest.mark.slow  # the default run checks the same metrics on test_colocation_loop.py's offloaded run
 def test_memory_metrics_for_every_phase_with_offload(tmp_path):
     recs = _offloaded_run(tmp_path / "off")
     assert len(recs) == 2

@@ -62,6 +62,25 @@ def release_cached_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def freeze_long_lived_objects() -> None:
+    """Collect once, then take every surviving object out of the cyclic collector's reach (``gc.freeze``).
+
+    Called once the components are built. Imports of torch, megatron-core and transformers leave millions
+    of long-lived objects; without this, every :func:`release_cached_memory` between phases (and each of
+    Python's own full collections) walks all of them again: 0.4 s per call on CPU even for the tiny
+    model. Frozen objects are still freed by reference counting; only a cycle among them would outlive
+    its last use, and the model, optimizer and engine live for the whole run anyway.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def unfreeze_long_lived_objects() -> None:
+    """Undo :func:`freeze_long_lived_objects` at the end of a run, so the interpreter's exit collects
+    those objects as usual (triton's bindings list every object still alive then as a leak)."""
+    gc.unfreeze()
+
+
 def _torch_optimizers(optimizer) -> Iterator[torch.optim.Optimizer]:
     """The torch optimizers under Megatron's (chained / mixed-precision / distributed) wrappers."""
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):

@@ -66,6 +66,18 @@ def test_run_dir_with_checkpoints_is_refused_before_megatron_is_imported(tmp_pat
     assert "already holds checkpoints: pass --resume" in res.stderr
 
 
+def test_config_checks_cost_no_torch_import():
+    # --print-config and a rejected --set answer in a tenth of a second: neither imports torch (the
+    # CLI, the config sections and their validation are torch-free; the parallel-failure guard looks
+    # the process group up in sys.modules).
+    res = _py("import contextlib, io, sys\nfrom megatron_maspo.cli.main import main\n"
+              "with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):\n"
+              "    main(['train', '--print-config'])\n"
+              "rc = main(['train', '--set', 'loss.method=nope'])\n"
+              "print('loss:' in out.getvalue(), rc, 'torch' in sys.modules)")
+    assert res.stdout.split() == ["True", "2", "False"], res.stderr[-2000:]
+
+
 def test_launch_without_the_extra_names_it():
     res = _py("import sys\nsys.modules['nemo_run'] = None  # as if the launch extra were not installed\n"
               "from megatron_maspo.cli.main import main\n"
@@ -99,7 +111,7 @@ _IMPORTS = ("import megatron.core.optimizer, megatron.core.models.gpt.gpt_layer_
             "megatron.core.distributed")
 
 
-@pytest.mark.parametrize("verbose", [False, True])
+@pytest.mark.parametrize("verbose", [False, pytest.param(True, marks=pytest.mark.slow)])  # verbose: ~6 s more
 def test_megatron_import_warnings_only_when_verbose(verbose):
     # The real imports that warn without Transformer Engine / Apex, in this process and in a child
     # (spawned ranks and grader workers inherit the filters through PYTHONWARNINGS).
