@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e import test_train_cli
 from tests.e2e.test_staleness import LEARNING
-from tests.e2e.test_train_cli import _comparable, _metrics, _run
+from tests.e2e.test_train_cli import _comparable, _metrics, _run, _run_concurrently
 
 K1 = ["rollout.max_staleness=1", "loss.tis_cap=2.0"]
 PLACEMENT_KEYS = ("sync/", "rollout/engine", "rollout/prompts_per_engine")
@@ -50,9 +51,10 @@ def _same(rows: list[dict]) -> list[dict]:
 
 def test_disaggregated_run_equals_the_colocated_one(tmp_path):
     sets = [*LEARNING, *K1, "train.steps=3"]
-    a = _run(sets=[*sets, f"checkpoint.run_dir={tmp_path / 'colocated'}"])
+    a, b = _run_concurrently(  # side by side: the two pools of b wait on each other part of the time
+        test_train_cli._cmd(sets=[*sets, f"checkpoint.run_dir={tmp_path / 'colocated'}"]),
+        _cmd(sets=[*sets, f"checkpoint.run_dir={tmp_path / 'disagg'}"]))
     assert a.returncode == 0, a.stderr[-3000:]
-    b = _torchrun(sets=[*sets, f"checkpoint.run_dir={tmp_path / 'disagg'}"])
     assert b.returncode == 0, b.stderr[-3000:]
     ra, rb = _metrics(tmp_path / "colocated"), _metrics(tmp_path / "disagg")
     assert len(ra) == len(rb) == 3

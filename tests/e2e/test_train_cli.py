@@ -94,17 +94,17 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
                   "RL steps", "\r"):
         assert noise not in a.stderr, (noise, a.stderr[-3000:])
     assert b.returncode == 0, b.stderr[-3000:]
-    c = _run("--resume", str(part), sets=["train.steps=4"])
+    # The resume and, side by side, maspo eval of the finished run: Avg@k / Pass@k of its trained
+    # checkpoint through the engine, as a table and JSON.
+    c, ev = _run_concurrently(
+        _cmd("--resume", str(part), sets=["train.steps=4"]),
+        [sys.executable, "-m", "megatron_maspo.cli.main", "eval", str(full), "--k", "2", "--num-problems", "4",
+         "--json", str(tmp_path / "eval.json")])
     assert c.returncode == 0, c.stderr[-3000:]
     ra, rc = _metrics(full), _metrics(part)
     assert [r["step"] for r in rc] == [1, 2, 3, 4]  # steps count from 1, like checkpoints/step_k
     assert [_comparable(r) for r in ra] == [_comparable(r) for r in rc]
     assert (part / "checkpoints" / "step_4").is_dir()
-    # maspo eval: Avg@k / Pass@k of the trained checkpoint through the engine, as a table and JSON.
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ev = subprocess.run([sys.executable, "-m", "megatron_maspo.cli.main", "eval", str(part), "--k", "2",
-                         "--num-problems", "4", "--json", str(tmp_path / "eval.json")],
-                        capture_output=True, text=True, timeout=600, env=env)
     assert ev.returncode == 0, ev.stderr[-3000:]
     assert "avg@2" in ev.stdout and "pass@2" in ev.stdout
     report = json.loads((tmp_path / "eval.json").read_text())

@@ -41,7 +41,7 @@ def test_cpu_paths_import_without_optional_extras():
 
 def test_package_import_is_light():
     code = ("import sys, megatron_maspo, megatron_maspo.config, megatron_maspo.cli.main;"
-            "print(int('megatron.core' in sys.modules))")
+            "print(int('megatron.core' in sys.modules), int('torch' in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == "0", "the config/CLI path must not import megatron.core"
+    assert out.stdout.split() == ["0", "0"], "the config/CLI path must import neither megatron.core nor torch"
