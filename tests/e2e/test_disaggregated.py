@@ -21,7 +21,13 @@ import pytest
 
 from tests.e2e import test_train_cli
 from tests.e2e.test_staleness import LEARNING
-from tests.e2e.test_train_cli import _comparable, _metrics, _run, _run_concurrently
+from tests.e2e.test_train_cli import (
+    _comparable,
+    _metrics,
+    _run,
+    _run_concurrently,
+    wait_while_running,
+)
 
 K1 = ["rollout.max_staleness=1", "loss.tis_cap=2.0"]
 PLACEMENT_KEYS = ("sync/", "rollout/engine", "rollout/prompts_per_engine")
@@ -79,14 +85,8 @@ def test_a_pool_of_two_engines_equals_one_colocated_engine(tmp_path):
 
 
 def _wait_for_checkpoint(run_dir: Path, name: str, proc: subprocess.Popen, timeout: float) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if (run_dir / "checkpoints" / name / "manifest.json").exists():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"run exited early: {proc.stderr.read()[-3000:] if proc.stderr else ''}")
-        time.sleep(0.5)
-    raise AssertionError(f"no checkpoint {name} within {timeout} s")
+    manifest = run_dir / "checkpoints" / name / "manifest.json"
+    wait_while_running(manifest.exists, proc, timeout, f"checkpoint {name}")
 
 
 @pytest.mark.slow

@@ -116,16 +116,23 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     assert [r["actor/lr"] for r in _metrics(part) if "actor/lr" in r] == [3e-4] * 4 + [1e-4]
 
 
-def _wait_for_steps(run_dir: Path, n: int, proc: subprocess.Popen, timeout: float) -> None:
+def wait_while_running(done, proc: subprocess.Popen, timeout: float, what: str) -> None:
+    """Poll ``done()`` every 0.5 s while ``proc`` runs; fail if it exits first or ``timeout`` passes."""
     t0 = time.time()
     while time.time() - t0 < timeout:
-        f = run_dir / "metrics.jsonl"
-        if f.exists() and len(_metrics(run_dir)) >= n:
+        if done():
             return
         if proc.poll() is not None:
             raise AssertionError(f"run exited early: {proc.stderr.read()[-3000:] if proc.stderr else ''}")
         time.sleep(0.5)
-    raise AssertionError(f"no {n} steps within {timeout} s")
+    raise AssertionError(f"no {what} within {timeout} s")
+
+
+def _wait_for_steps(run_dir: Path, n: int, proc: subprocess.Popen, timeout: float) -> None:
+    def done() -> bool:
+        return (run_dir / "metrics.jsonl").exists() and len(_metrics(run_dir)) >= n
+
+    wait_while_running(done, proc, timeout, f"{n} steps")
 
 
 @pytest.mark.slow

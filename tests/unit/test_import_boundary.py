@@ -22,8 +22,13 @@ def test_cpu_paths_import_without_optional_extras():
         import sys, importlib
         for m in ("vllm", "transformer_engine", "nemo_run"):
             sys.modules[m] = None  # makes any import of them raise ImportError
+        from megatron_maspo.parallel.device import import_megatron_core
+        import_megatron_core()  # as the entry points do: on CPU megatron-core's kernels compile on first call
         for name in {CPU_MODULES!r}:
             importlib.import_module(name)
+        import torch
+        from megatron.core import jit
+        assert jit.jit_fuser is not torch.compile and "torch._inductor.compile_fx" not in sys.modules
         from megatron_maspo.cli.main import main
         try:
             main(["--help"])

@@ -19,7 +19,7 @@ def test_past_key_values_future_warning_and_matplotlib_logs_are_filtered(monkeyp
             # raised from a torch frame in real runs, so a module= filter does not match it
             warnings.warn_explicit("`past_key_values` as a tuple of tuples is deprecated", FutureWarning,
                                    filename="torch/nn/modules/module.py", lineno=1, module="torch.nn.modules.module")
-            warnings.warn("another FutureWarning stays visible", FutureWarning)
+            warnings.warn("another FutureWarning stays visible", FutureWarning, stacklevel=2)
         assert [str(w.message) for w in seen] == ["another FutureWarning stays visible"]
         assert not mpl.isEnabledFor(logging.INFO)
     finally:

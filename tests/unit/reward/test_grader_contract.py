@@ -62,17 +62,17 @@ def test_a_sleeping_grader_stops_within_the_batch_deadline() -> None:
 
 
 def test_a_grader_dying_in_warm_up_is_named() -> None:
-    with MathReward(RewardConfig(num_workers=1, grader=f"{_HOOKS}:dies_in_warmup")) as reward:
-        with pytest.raises(GraderError, match=f"grader {_HOOKS}:dies_in_warmup: workers died 3 times"):
-            reward(["a"], ["x"])
+    with (MathReward(RewardConfig(num_workers=1, grader=f"{_HOOKS}:dies_in_warmup")) as reward,
+          pytest.raises(GraderError, match=f"grader {_HOOKS}:dies_in_warmup: workers died 3 times")):
+        reward(["a"], ["x"])
 
 
 def test_a_grader_hanging_in_warm_up_is_named() -> None:
     grade = UserGrade(f"{_HOOKS}:hangs_in_warmup")
-    with GraderPool(grade, num_workers=1, timeout_s=1.0, name=grade.target, startup_timeout_s=3.0,
-                    warmup=("r", "0.5", "boxed", 64, 1.0)) as pool:
-        with pytest.raises(GraderError, match=f"grader {_HOOKS}:hangs_in_warmup: worker .* not ready"):
-            pool.map([("r", "1", "boxed", 64, 1.0)])
+    with (GraderPool(grade, num_workers=1, timeout_s=1.0, name=grade.target, startup_timeout_s=3.0,
+                     warmup=("r", "0.5", "boxed", 64, 1.0)) as pool,
+          pytest.raises(GraderError, match=f"grader {_HOOKS}:hangs_in_warmup: worker .* not ready")):
+        pool.map([("r", "1", "boxed", 64, 1.0)])
 
 
 @pytest.mark.parametrize("field, value", [("grading_budget_s", 0.0), ("max_bad_fraction", 1.5)])
