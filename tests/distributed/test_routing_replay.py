@@ -28,6 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "moe_routing_replay.py"
 
 
+@pytest.mark.slow  # ~14 s: the benchmark script end to end; the replay modes stay in the default run (EP2 below)
 def test_replay_lowers_engine_trainer_mismatch():
     cmd = [sys.executable, str(SCRIPT), "--prompts", "8", "--group", "4", "--max-tokens", "16",
            "--layers", "4", "--seed", "0", "--json"]
