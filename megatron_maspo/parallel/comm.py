@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from megatron_maspo.parallel import gpu_emulation as _emu
 from megatron_maspo.parallel.device import on_cuda
 
 ReduceOp = dist.ReduceOp
@@ -56,13 +58,87 @@ def active(group: Any = None) -> bool:
     return initialized() and dist.get_world_size(group) > 1
 
 
-def default_backend(world_size: int | None = None) -> str:
-    """``"nccl"`` when CUDA is present (and has a GPU per local rank), else ``"gloo"``."""
-    if not on_cuda():
-        return "gloo"
-    if world_size is not None and world_size > torch.cuda.device_count():
-        return "gloo"  # NCCL refuses two ranks on one GPU; gloo ranks may share one
-    return "nccl"
+def default_backend() -> str:
+    """``"nccl"`` when CUDA is present, else ``"gloo"``.
+
+    Never a function of the group's size: a pool larger than one node's GPUs is still NCCL (every rank
+    has a GPU of its own on its node), and Megatron's TP/DP/PP/EP groups inherit this backend. Two ranks
+    on one GPU are refused by :func:`bind_local_device` in one line, not served by gloo.
+    """
+    return "nccl" if on_cuda() else "gloo"
+
+
+def emulating() -> bool:
+    """Whether this process runs under the GPU-semantics emulation (``MASPO_EMULATE_GPU``, CPU only)."""
+    return _emu.active()
+
+
+def start_emulation(label: str | None = None) -> bool:
+    """Switch the GPU-semantics emulation on when ``MASPO_EMULATE_GPU`` asks for it (CPU only; idempotent).
+    Called where a process joins its group, before any thread starts; True when it is on."""
+    return _emu.install(label or f"cuda:{os.environ.get('LOCAL_RANK', '0')} of rank {os.environ.get('RANK', '0')}")
+
+
+def emulated_node_env() -> dict[str, str]:
+    """``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` / ``GROUP_RANK`` / ``NNODES`` of this rank when
+    ``MASPO_EMULATE_GPUS_PER_NODE`` splits a one-host job into nodes (``{}`` otherwise): the caller puts
+    them into ``os.environ`` before anything reads them."""
+    return _emu.node_env(os.environ)
+
+
+def host_copy_bytes() -> int | None:
+    """Bytes this process has copied between host and device so far, as the emulation counts them
+    (None when it is off: a real GPU run has no such counter)."""
+    return _emu.host_copy_bytes() if _emu.active() else None
+
+
+def device_empty(n: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """An uninitialised ``[n]`` buffer on this process's GPU (the emulated one under the emulation)."""
+    if on_cuda():
+        return torch.empty(n, dtype=dtype, device=local_device())
+    t = torch.empty(n, dtype=dtype)
+    return _emu.mark_device(t) if _emu.active() else t
+
+
+class _HostStream:
+    """What :func:`side_stream` yields without a GPU: nothing to wait for."""
+
+    def synchronize(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def side_stream(name: str = "side stream") -> Iterator[Any]:
+    """Run the block on a CUDA stream of its own (the emulated one under the emulation); yields the
+    stream, whose ``synchronize()`` the block calls before its results are used elsewhere.
+
+    A thread that posts collectives which may stay pending (a receive waiting for a sender) must not do
+    so on the default stream: every thread of the process shares that one, and any host read on it
+    (``.item()``, ``.cpu()``) would then wait for the pending collective.
+    """
+    if on_cuda():
+        s = torch.cuda.Stream(device=local_device())
+        with torch.cuda.stream(s):
+            yield s
+    elif _emu.active():
+        with _emu.stream(_emu.Stream(f"the {name} of thread {threading.current_thread().name!r}")) as s:
+            yield s
+    else:
+        yield _HostStream()
+
+
+def record_for_default_stream(t: torch.Tensor) -> None:
+    """``t`` was written on a side stream and is read on the default one from now on: tell the CUDA
+    caching allocator (no-op off CUDA)."""
+    if t.is_cuda:
+        t.record_stream(torch.cuda.default_stream(t.device))
+
+
+def hand_off() -> None:
+    """The calling thread posts no more collectives on the groups it used until another thread has had
+    its turn (NCCL's order across ranks is then the hand-off's). A no-op outside the emulation, which
+    otherwise reports two threads posting on one group."""
+    _emu.hand_off()
 
 
 def bind_local_device(local_rank: int | None = None) -> torch.device:
@@ -119,8 +195,17 @@ def init_default_group(timeout_s: float = 1800.0, *, backend: str | None = None)
     kw: dict[str, Any] = {}
     if backend == "nccl":
         kw["device_id"] = bind_local_device()
+    start_emulation()
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)
+    _record_default_group("world")
     return dist.get_rank(), dist.get_world_size()
+
+
+def _record_default_group(name: str) -> None:
+    """Under the emulation: the default group is NCCL on GPUs (Megatron's groups inherit it)."""
+    if _emu.active():
+        pg = dist.distributed_c10d._get_default_group()
+        _emu.record_group(pg, "nccl", f"the {name} default group", tuple(dist.get_process_group_ranks(pg)))
 
 
 def _device_types(group: Any) -> set[str]:
@@ -277,11 +362,33 @@ def init_pool_group(store: Any, pool: str, rank: int, world: int, timeout_s: flo
     every collective above see only their own pool (disaggregated placement: ``rollout/pools.py``)."""
     import datetime
 
-    backend = default_backend(world)
+    backend = default_backend()  # never by the pool's size (a 16-rank pool on 8-GPU nodes is NCCL)
     kw: dict[str, Any] = {"device_id": bind_local_device()} if backend == "nccl" else {}
+    start_emulation()
     dist.init_process_group(backend, store=dist.PrefixStore(f"maspo/pool/{pool}", store), rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=timeout_s), **kw)
+    _record_default_group(f"{pool} pool's")
     return dist.get_rank(), dist.get_world_size()
+
+
+def gpu_identity() -> str:
+    """Which physical GPU this process computes on: host and device UUID (CUDA), host, emulated node and
+    local rank (the emulation), or host and pid (plain CPU: every process its own "device")."""
+    import socket
+
+    host = socket.gethostname()
+    if on_cuda():
+        return f"{host}/{torch.cuda.get_device_properties(local_device()).uuid}"
+    if _emu.active():
+        return f"{host}/node{os.environ.get('GROUP_RANK', '0')}/gpu{os.environ.get('LOCAL_RANK', '0')}"
+    return f"{host}/pid{os.getpid()}"
+
+
+def _members_share_a_gpu(store: Any, index: int, size: int) -> bool:
+    """Whether two members of a bridge compute on one GPU (each publishes :func:`gpu_identity`)."""
+    store.set(f"gpu/{index}", gpu_identity())
+    ids = [store.get(f"gpu/{i}").decode() for i in range(size)]
+    return len(set(ids)) < size
 
 
 class Bridge:
@@ -289,13 +396,22 @@ class Bridge:
     holds only that pool's ranks, so ``new_group`` cannot span them).
 
     Built straight on the job store under ``maspo/bridge/<name>``; ``ranks`` are global ranks and index 0
-    is the usual root. gloo always works (CPU tensors); ``backend="nccl"`` puts tensors on this process's
-    GPU (weights between GPU pools). Every member must call each operation in the same order, and one
-    bridge is used by one thread only (the engine side runs its weight receiver in a thread of its own,
-    on a bridge of its own).
+    is the usual root. Two kinds:
+
+    - ``device=False``: a host bridge (gloo, CPU tensors): control messages, pickled batches. A pending
+      receive on it blocks only its calling thread.
+    - ``device=True``: tensors on this process's GPU (weights between GPU pools): NCCL, unless two members
+      compute on one GPU (NCCL refuses that; the one-GPU smoke test), then gloo with host staging.
+      An NCCL receive that waits for its sender holds the calling thread's *stream*: post one only once
+      the sender is known to be sending (a header on a host bridge), from a side stream
+      (:func:`side_stream`).
+
+    Every member must call each operation in the same order, and one bridge is used by one thread only.
+    Its store waits (and gloo's connection set-up) use ``timeout_s``: build it with the wait the slowest
+    member may need to arrive (the rollout pool waits for a trainer that loads a checkpoint first).
     """
 
-    def __init__(self, store: Any, name: str, ranks: tuple[int, ...], rank: int, *, backend: str = "gloo",
+    def __init__(self, store: Any, name: str, ranks: tuple[int, ...], rank: int, *, device: bool = False,
                  timeout_s: float = 1800.0) -> None:
         import datetime
 
@@ -304,7 +420,12 @@ class Bridge:
         self.name, self.ranks, self.index = name, tuple(ranks), ranks.index(rank)
         prefixed = dist.PrefixStore(f"maspo/bridge/{name}", store)
         timeout = datetime.timedelta(seconds=timeout_s)
-        if backend == "nccl":
+        shared = device and _members_share_a_gpu(prefixed, self.index, len(ranks))
+        self.gpu_backend = "nccl" if device and not shared else "gloo"
+        """The backend this bridge has on GPUs (also recorded by the emulation)."""
+        self.on_device = device and not shared
+        """Whether tensors travel in device memory (staged there if given on the host)."""
+        if self.gpu_backend == "nccl" and on_cuda():
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
             self._pg: Any = dist.ProcessGroupNCCL(prefixed, self.index, len(ranks), opts)
@@ -312,16 +433,40 @@ class Bridge:
         else:
             self._pg = dist.ProcessGroupGloo(prefixed, self.index, len(ranks), timeout)
             self.device = torch.device("cpu")
+        what = "device tensors" if self.on_device else ("host only: two members share a GPU" if device
+                                                        else "host only: control messages and pickled data")
+        _emu.record_group(self._pg, self.gpu_backend, f"bridge {name!r} ({what})", self.ranks)
 
     @property
     def size(self) -> int:
         return len(self.ranks)
 
+    def _stage(self, t: torch.Tensor) -> torch.Tensor:
+        if self.on_device and _emu.active():
+            return t if _emu.is_device(t) and t.is_contiguous() else _emu.mark_device(t.detach().clone().contiguous())
+        return t if t.device == self.device and t.is_contiguous() else t.to(self.device).contiguous()
+
     def broadcast(self, t: torch.Tensor, root: int = 0) -> torch.Tensor:
-        """In-place broadcast of ``t`` from member ``root`` (an index into ``ranks``); returns ``t``."""
-        buf = t if t.device == self.device and t.is_contiguous() else t.to(self.device).contiguous()
-        self._pg.broadcast(buf, root).wait()
-        return _write_back(t, buf)
+        """In-place broadcast of ``t`` from member ``root`` (an index into ``ranks``); returns ``t``.
+
+        On a device bridge the host is not held: the collective is queued on the calling thread's current
+        stream (NCCL's ``wait()`` makes that stream wait), so read ``t`` (or synchronise the stream)
+        before using it on another. A host ``t`` is staged through the device and copied back on the
+        receivers only (the root's bytes do not change).
+        """
+        buf = self._stage(t)
+        if _emu.active():
+            if self.on_device:
+                _emu.device_collective(self._pg, f"Bridge.broadcast ({buf.numel() * buf.element_size()} B)",
+                                       lambda: self._pg.broadcast(buf, root), (buf,), async_op=True)
+            else:
+                _emu.device_collective(self._pg, "Bridge.broadcast", lambda: self._pg.broadcast(buf, root).wait(),
+                                       (t,))
+        else:
+            self._pg.broadcast(buf, root).wait()
+        if self.index != root:
+            _write_back(t, buf)
+        return t
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         """A picklable object from member ``root`` to every member (length, then the pickled bytes)."""

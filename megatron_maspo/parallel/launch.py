@@ -12,7 +12,6 @@ queue live in the child's shared memory, gone once it exits).
 
 from __future__ import annotations
 
-import datetime
 import os
 import socket
 import sys
@@ -46,15 +45,11 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, timeou
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
-    backend = backend or comm.default_backend(world_size)
-    kw = {}
-    if on_cuda():  # one GPU per rank (NCCL), or ranks sharing GPUs round-robin (gloo)
-        if backend == "nccl":
-            kw["device_id"] = comm.bind_local_device(rank)
-        else:
-            comm.bind_local_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s), **kw)
+    # one GPU per rank (NCCL); more ranks than GPUs share them round-robin through gloo (tests only)
+    backend = backend or ("nccl" if on_cuda() and world_size <= torch.cuda.device_count() else "gloo")
+    if on_cuda() and backend != "nccl":
+        comm.bind_local_device(rank % torch.cuda.device_count())
+    comm.init_default_group(timeout_s, backend=backend)  # binds LOCAL_RANK for NCCL; MASPO_EMULATE_GPU
     path = Path(out_dir) / f"rank{rank}"
     try:
         out = fn(rank, world_size, *args)

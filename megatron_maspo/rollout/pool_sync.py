@@ -1,14 +1,28 @@
-"""Weights from the training pool to the rollout pool: a broadcast per bucket, staged on the engine side.
+"""Weights from the training pool to the rollout pool: a header and a payload per bucket.
 
 The trainer's sync is unchanged (``weight_sync.sync_weights``: export, reshard to full HF tensors, pack
-buckets); on the training pool's sender its destination is a :class:`WeightSender`, which broadcasts each
-bucket over the ``weights`` bridge (``rollout/pools.py``) instead of loading it into a local engine:
+buckets); on the training pool's sender its destination is a :class:`WeightSender`, which sends each
+bucket to every engine owner instead of loading it into a local engine. Two bridges on the same ranks
+(``rollout/pools.py``):
 
-    sender (trainer rank 0)     {"bucket": metas, crc, index, n}  then the n-byte buffer   per bucket
-                                {"end"}                                                   per sync
-                                {"stop"}                                                  once, at the end
-    every engine owner          WeightReceiver thread: receives each sync whole into a staging slot;
-                                the engine loop applies it (``engine.load_buckets``) when its schedule says
+    ``weights_ctl`` (host, gloo)   {"bucket": metas, crc, index, n}    per bucket, then {"end"} per sync,
+                                   {"stop"} once at the end
+    ``weights`` (device, NCCL)     the n-byte bucket, GPU to GPU        posted only after its header
+
+Why two: an NCCL receive waiting for its sender holds the receiving thread's CUDA stream (``wait()``
+makes the current stream wait for the collective). If the receiver thread sat in the next sync's
+broadcast on the default stream, which every thread of the engine process shares, every host read of
+the engine loop (a checksum's ``.cpu()``, a decode step's ``bool(done.all())``, the pool's object
+gather) would wait for the trainer's next sync, which comes only after the batch the engine cannot
+make: the rollout pool's first-generation hang. So between syncs the receiver waits on the host bridge
+(it blocks that thread only, for as long as ``rollout.pool_timeout_s``, and no NCCL work is pending
+under the NCCL watchdog), posts each payload only once its header has arrived (the trainer is sending
+it), on a side stream of its own, and synchronises that stream before it hands the sync over.
+
+On an NCCL bridge the buckets go from the trainer's GPU to the engine owner's GPU with no host copy:
+the sender packs them in device memory (:meth:`WeightSender.bucket_pool`), the receivers get them in
+device memory, and no crc32 runs (a checksum is a device-to-host copy; it guards host transports). Two
+members on one GPU (the one-GPU smoke test) get a gloo ``weights`` bridge and host buckets with checksums.
 
 Double-buffered: the engine generates with version v while version v+1 lands in the slot, so the
 trainer's broadcast waits only for the transfer, never for the engine to finish a batch. The receiver
@@ -30,6 +44,7 @@ from typing import Any
 
 import torch
 
+from megatron_maspo.parallel import comm
 from megatron_maspo.rollout.buckets import Bucket, meta_from_wire, meta_to_wire
 
 logger = logging.getLogger(__name__)
@@ -37,38 +52,54 @@ logger = logging.getLogger(__name__)
 
 class WeightSender:
     """What ``sync_weights`` loads into on the training pool's sender: every bucket goes to the engine
-    owners over the ``weights`` bridge (the trainer's side of :class:`WeightReceiver`)."""
+    owners, its header over ``ctl`` (host) and its bytes over ``bridge`` (device where the pools have GPUs;
+    the trainer's side of :class:`WeightReceiver`)."""
 
-    def __init__(self, bridge: Any) -> None:
-        self.bridge = bridge
+    def __init__(self, bridge: Any, ctl: Any) -> None:
+        self.bridge, self.ctl = bridge, ctl
         self._version = 0
+        self._pool: Any = None
 
     @property
     def policy_version(self) -> int:
         """Syncs sent (the engines' load count once they have applied them all)."""
         return self._version
 
+    def bucket_pool(self, bucket_bytes: int) -> Any:
+        """Device buffers to pack into when the bucket bytes travel GPU to GPU (``sync_weights`` packs
+        bucket k+1 while bucket k is sent, and skips checksums); None over a host bridge (fresh host
+        buffers, checksummed)."""
+        if not getattr(self.bridge, "on_device", False):
+            return None
+        if self._pool is None or self._pool.capacity != bucket_bytes:
+            from megatron_maspo.rollout.transport import BucketPool
+
+            self._pool = BucketPool(bucket_bytes, make=comm.device_empty)
+        self._pool.reclaim()  # a sync that failed half-way leaves no buffer taken
+        return self._pool
+
     def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
         for b in buckets:
             try:
-                self.bridge.broadcast_object({"bucket": [meta_to_wire(m) for m in b.metas], "crc": b.checksum,
-                                              "index": b.index, "n": b.buffer.numel(), "verify": verify})
+                self.ctl.broadcast_object({"bucket": [meta_to_wire(m) for m in b.metas], "crc": b.checksum,
+                                           "index": b.index, "n": b.buffer.numel(), "verify": verify})
                 self.bridge.broadcast(b.buffer, 0)
             finally:
-                b.done()
-        self.bridge.broadcast_object({"end": True})
+                b.done()  # NCCL: the pool's next pack into this buffer is queued behind the broadcast
+        self.ctl.broadcast_object({"end": True})
         self._version += 1
 
     def stop(self) -> None:
         """Tell every engine owner that no sync follows (its receiver thread ends)."""
-        self.bridge.broadcast_object({"stop": True})
+        self.ctl.broadcast_object({"stop": True})
 
 
 class WeightReceiver:
     """An engine owner's receiving end: a thread takes each sync into one staging slot.
 
     Args:
-        bridge: the ``weights`` bridge (this rank a non-root member); used by this thread only.
+        bridge: the ``weights`` bridge (payloads; this rank a non-root member); used by this thread only.
+        ctl: the ``weights_ctl`` host bridge on the same ranks (headers, end, stop).
         device: where staged buckets live (the engine's device; host memory on CPU).
         staging: where staged buckets live instead, when the engine wants them somewhere particular
             (``engine.staging_pool()``: a vLLM engine's ``ipc`` transport takes shared-memory buffers,
@@ -76,8 +107,8 @@ class WeightReceiver:
             Its buffers go back to it as the engine finishes each bucket (``Bucket.done``).
     """
 
-    def __init__(self, bridge: Any, *, device: torch.device | str = "cpu", staging: Any = None) -> None:
-        self.bridge, self.device, self.staging = bridge, torch.device(device), staging
+    def __init__(self, bridge: Any, ctl: Any, *, device: torch.device | str = "cpu", staging: Any = None) -> None:
+        self.bridge, self.ctl, self.device, self.staging = bridge, ctl, torch.device(device), staging
         self._cond = threading.Condition()
         self._slot: list[Bucket] | None = None
         self._verify = True
@@ -89,38 +120,47 @@ class WeightReceiver:
         self._thread.start()
 
     # ------------------------------------------------------------ receiver thread
+    def _receive(self, n: int) -> tuple[torch.Tensor, Any]:
+        """Post the receive of one n-byte bucket (on this thread's side stream); (buffer, release)."""
+        if self.staging is not None:  # host shared memory the engine's workers map (the bridge stages)
+            buf, release = self.staging.alloc(n)
+            self.bridge.broadcast(buf, 0)
+            return buf, release
+        on_device = getattr(self.bridge, "on_device", False)
+        buf = comm.device_empty(n) if on_device else torch.empty(n, dtype=torch.uint8)
+        self.bridge.broadcast(buf, 0)
+        if not on_device and buf.device != self.device:
+            buf = buf.to(self.device)
+        return buf, None
+
     def _run(self) -> None:
         try:
-            while True:
-                staged: list[Bucket] = []
+            with comm.side_stream("weight receiver's stream") as stream:
                 while True:
-                    msg = self.bridge.broadcast_object(None, 0)
-                    if "stop" in msg:
-                        with self._cond:
-                            self.stopped = True
-                            self._cond.notify_all()
-                        return
-                    if "end" in msg:
-                        break
-                    release = None
-                    if self.staging is not None:  # received in place (the bridge stages NCCL's copy itself)
-                        buf, release = self.staging.alloc(msg["n"])
-                        self.bridge.broadcast(buf, 0)
-                    else:
-                        buf = torch.empty(msg["n"], dtype=torch.uint8, device=self.bridge.device)
-                        self.bridge.broadcast(buf, 0)
-                        if buf.device != self.device:
-                            buf = buf.to(self.device)
-                    staged.append(Bucket(buf, [meta_from_wire(w) for w in msg["bucket"]], msg["crc"],
-                                         msg["index"], release=release))
-                    self._verify = bool(msg["verify"])
-                with self._cond:
-                    # one staged sync at a time: the schedule never sends the next before this one is used
-                    while self._slot is not None:
-                        self._cond.wait()
-                    self._slot = staged
-                    self.received += 1
-                    self._cond.notify_all()
+                    staged: list[Bucket] = []
+                    while True:
+                        msg = self.ctl.broadcast_object(None, 0)  # host: holds no stream while it waits
+                        if "stop" in msg:
+                            with self._cond:
+                                self.stopped = True
+                                self._cond.notify_all()
+                            return
+                        if "end" in msg:
+                            break
+                        buf, release = self._receive(msg["n"])
+                        staged.append(Bucket(buf, [meta_from_wire(w) for w in msg["bucket"]], msg["crc"],
+                                             msg["index"], release=release))
+                        self._verify = bool(msg["verify"])
+                    stream.synchronize()  # every payload landed before the engine loop reads one
+                    for b in staged:
+                        comm.record_for_default_stream(b.buffer)
+                    with self._cond:
+                        # one staged sync at a time: the schedule never sends the next before this one is used
+                        while self._slot is not None:
+                            self._cond.wait()
+                        self._slot = staged
+                        self.received += 1
+                        self._cond.notify_all()
         except BaseException as e:  # a dead trainer or a broken bridge: the engine loop re-raises it
             with self._cond:
                 self.error = e
@@ -148,19 +188,33 @@ class WeightReceiver:
                 b.done()
         return True
 
-    def wait_for(self, ready: Callable[[], bool], engine: Any, *, timeout_s: float = 1800.0) -> bool:
+    def wait_for(self, ready: Callable[[], bool], engine: Any, *, timeout_s: float = 1800.0,
+                 what: str = "weights", log_every_s: float = 300.0) -> bool:
         """Apply staged syncs one by one until ``ready()``; False when the trainer said stop first.
 
+        Logs what it waits for every ``log_every_s`` (the first sync comes only after the trainer has
+        built its model, loaded its checkpoint and warmed up: minutes to an hour at 70B).
+
         Raises:
-            RuntimeError: the receiver failed, or nothing arrived for ``timeout_s``.
+            RuntimeError: the receiver failed, or nothing arrived for ``timeout_s``
+                (``rollout.pool_timeout_s``).
         """
+        waited = 0.0
         while not ready():
             if self.apply_staged(engine):
+                waited = 0.0
                 continue
             with self._cond:
                 idle = self._slot is None and not self.stopped and self.error is None
-                if idle and not self._cond.wait(timeout_s) and self._slot is None:
-                    raise RuntimeError(f"weight receiver: no weights from the training pool for {timeout_s:.0f} s")
+                if idle:
+                    step = min(log_every_s, timeout_s - waited)
+                    if not self._cond.wait(step) and self._slot is None and not self.stopped:
+                        waited += step
+                        if waited >= timeout_s:
+                            raise RuntimeError(f"weight receiver: no {what} from the training pool for "
+                                               f"{timeout_s:.0f} s (rollout.pool_timeout_s)")
+                        logger.info("rollout pool: waiting for %s from the training pool (%.0f s so far, "
+                                    "rollout.pool_timeout_s=%.0f)", what, waited, timeout_s)
                 self._raise_if_failed()
                 if self.stopped and self._slot is None:
                     return False

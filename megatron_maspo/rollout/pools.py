@@ -7,8 +7,10 @@ so the trainer, the rollout pool, ``maspo check`` and the planner read the same 
                    T .. T+R-1         rollout pool: R = rollout.engine_ranks, E = R / engine_tp engines
     engine e       owned by global rank T + e * engine_tp (its TP workers on the next engine_tp - 1 GPUs)
     groups         each pool's default group holds only that pool's ranks (pool rank = global - first);
-                   ``weights`` bridge: trainer rank 0 (root, the sync's sender) + every engine owner;
-                   ``batches`` bridge: the lead engine (root, pool rank 0) + every trainer rank
+                   ``weights`` bridge (device: NCCL on GPUs) and ``weights_ctl`` (host: gloo) on the same
+                   ranks: trainer rank 0 (root, the sync's sender) + every engine owner;
+                   ``batches`` bridge (host: pickled batches): the lead engine (root, pool rank 0) + every
+                   trainer rank
 
 The rollout pool shards each step's prompts over its engines exactly as a colocated fleet does
 (:attr:`PoolLayout.fleet` is a :class:`~.fleet.FleetLayout` over the pool), gathers the graded groups inside

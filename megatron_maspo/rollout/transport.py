@@ -32,6 +32,7 @@ import torch
 import torch.multiprocessing as tmp
 from torch.multiprocessing.reductions import reduce_tensor
 
+from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.device import on_cuda
 
 T = TypeVar("T")
@@ -88,16 +89,23 @@ class BucketPool:
         capacity: bytes per buffer (the bucket size).
         device: where the buffers live; CPU buffers are put in shared memory.
         count: 2 = double buffering (pack one while the engine reads the other).
+        make: ``nbytes -> uint8 buffer`` to allocate with instead (``comm.device_empty``: device
+            buffers of a sender whose bytes go GPU to GPU); None = ``torch.empty`` on ``device``.
     """
 
-    def __init__(self, capacity: int, device: torch.device | str = "cpu", count: int = 2) -> None:
+    def __init__(self, capacity: int, device: torch.device | str = "cpu", count: int = 2, *,
+                 make: Callable[[int], torch.Tensor] | None = None) -> None:
         self.device = torch.device(device)
         self.capacity = capacity
         self._free: queue.Queue[torch.Tensor] = queue.Queue()
         self._bases: dict[int, torch.Tensor] = {}
         for _ in range(count):
-            buf = torch.empty(capacity, dtype=torch.uint8, device=self.device)
-            if self.device.type == "cpu":
+            if make is not None:  # e.g. comm.device_empty: this process's GPU, nothing to share
+                buf = make(capacity)
+                self.device = buf.device
+            else:
+                buf = torch.empty(capacity, dtype=torch.uint8, device=self.device)
+            if make is None and self.device.type == "cpu":
                 with file_system_sharing():
                     buf.share_memory_()
             self._bases[buf.data_ptr()] = buf
@@ -223,8 +231,10 @@ def prefetch(items: Iterator[T], depth: int = 1, on_drop: Callable[[T], None] | 
                         on_drop(it)
                     return
                 q.put(("item", it))
+            comm.hand_off()  # the export's collectives are done: the caller's thread may post again
             q.put(("done", None))
         except BaseException as e:  # noqa: BLE001 (re-raised in the consumer)
+            comm.hand_off()
             q.put(("error", e))
 
     th = threading.Thread(target=run, name="maspo-bucket-prefetch", daemon=True)

@@ -145,23 +145,28 @@ def build_rollout_side(cfg: MaspoConfig, *, rank: int, fleet, spec: ArchSpec, to
 
 
 # ---------------------------------------------------------------------------- disaggregated placement
-def _bridges(cfg: MaspoConfig, pools: JobPools) -> tuple[comm.Bridge | None, comm.Bridge | None]:
-    """This rank's ``weights`` and ``batches`` bridges (None where it is not a member), built in that
-    order on every rank (a bridge's members block in its constructor until all have joined)."""
+def _bridges(cfg: MaspoConfig, pools: JobPools) -> tuple[comm.Bridge | None, comm.Bridge | None,
+                                                         comm.Bridge | None]:
+    """This rank's ``weights`` (device: bucket bytes), ``weights_ctl`` (host: bucket headers, end, stop) and
+    ``batches`` (host: pickled batches) bridges, None where it is not a member; built in that order on every
+    rank (a bridge's members block in its constructor until all have joined, for up to
+    ``rollout.pool_timeout_s``)."""
     lay, rank = pools.layout, pools.rank
     timeout = cfg.rollout.pool_timeout_s
-    weights = (comm.Bridge(pools.store, "weights", lay.weights_ranks, rank, backend=comm.default_backend(),
-                           timeout_s=timeout) if rank in lay.weights_ranks else None)
-    batches = (comm.Bridge(pools.store, "batches", lay.batches_ranks, rank, timeout_s=timeout)
-               if rank in lay.batches_ranks else None)
-    return weights, batches
+    weights = ctl = batches = None
+    if rank in lay.weights_ranks:
+        weights = comm.Bridge(pools.store, "weights", lay.weights_ranks, rank, device=True, timeout_s=timeout)
+        ctl = comm.Bridge(pools.store, "weights_ctl", lay.weights_ranks, rank, timeout_s=timeout)
+    if rank in lay.batches_ranks:
+        batches = comm.Bridge(pools.store, "batches", lay.batches_ranks, rank, timeout_s=timeout)
+    return weights, ctl, batches
 
 
 def build_remote_side(cfg: MaspoConfig, pools: JobPools, *, state: dict, version_offset: int) -> RemoteRolloutSide:
     """The training pool's rollout side: batches from the rollout pool, weights to it (rank 0)."""
-    weights, batches = _bridges(cfg, pools)
+    weights, ctl, batches = _bridges(cfg, pools)
     return RemoteRolloutSide(pools.layout, batches=batches,
-                             sender=WeightSender(weights) if weights is not None else None,
+                             sender=WeightSender(weights, ctl) if weights is not None else None,
                              rollout=cfg.rollout, train=cfg.train, state=state, version_offset=version_offset)
 
 
@@ -173,13 +178,13 @@ def run_rollout_pool(cfg: MaspoConfig, pools: JobPools) -> int:
     examples, _ = build_prompt_dataset(cfg.data, tokenizer)
     fleet, pool_rank = lay.fleet, lay.pool_rank(pools.rank)
     engine_id = fleet.engine_of(pool_rank)
-    weights, batches = _bridges(cfg, pools)
+    weights, ctl, batches = _bridges(cfg, pools)
     shard = receiver = None
     if engine_id is not None:
         gpus = lay.placement(processes_per_node(lay.world))[engine_id].gpus
         engine = build_engine(cfg, spec, tokenizer, gpus=gpus, colocated=False)
         staging = getattr(engine, "staging_pool", lambda: None)()  # vLLM ipc: shared-memory staging
-        receiver = WeightReceiver(weights, device=getattr(engine, "device", "cpu"), staging=staging)
+        receiver = WeightReceiver(weights, ctl, device=getattr(engine, "device", "cpu"), staging=staging)
         shard = EngineShard(engine, engine_id=engine_id, fleet=fleet, tokenizer=tokenizer, examples=examples,
                             grader=MathReward(cfg.reward), rollout=cfg.rollout, seed=cfg.train.seed,
                             overlong_buffer=cfg.train.overlong_buffer, version_offset=0,

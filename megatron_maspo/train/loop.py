@@ -136,6 +136,7 @@ class Trainer:
             logger.info("rollout fleet: %s", self.rollouts.describe(cfg.train.prompts_per_step))
         self.sft_done = bool(state.get("sft_done", False))
         self.sync_gb_per_s = 0.0
+        self.sync_host_copy_bytes: float | None = None  # under the GPU emulation (sync/host_copy_bytes)
         if self.rank == 0:
             save_config(cfg, self.run_dir / "config.yaml")
 
@@ -163,6 +164,8 @@ class Trainer:
         return {**self.rollouts.metrics(samples, trained_version), **_rename_actor_metrics(actor_metrics),
                 **mismatch, "time/train": t_train, "time/sync": t_sync,
                 "rollout/policy_version": float(self.version), "sync/gb_per_s": self.sync_gb_per_s,
+                **({"sync/host_copy_bytes": self.sync_host_copy_bytes}
+                   if self.sync_host_copy_bytes is not None else {}),
                 "data/skipped_rows": float(sum(self.data_skips.values())),
                 "time/step": time.perf_counter() - t_start,
                 **self.meters.memory.pop_metrics(), "memory/offloaded_gb": offloaded / GB}
@@ -200,6 +203,7 @@ class Trainer:
         engine-owning ranks (0 elsewhere)."""
         rc = self.cfg.rollout
         dtype = self.cfg.model.torch_dtype
+        copied = comm.host_copy_bytes()  # counted by the GPU emulation only (None otherwise)
         with self.meters.memory.phase("sync"):
             self.colocation.prepare_sync()  # engine weights back; its KV cache waits for the offload
             stats = sync_weights(self.actor.named_modules_unwrapped(), self.spec, self.groups,
@@ -208,6 +212,8 @@ class Trainer:
                                  sender_rank=self.rollouts.sender_ranks)
         self.version += 1
         self.sync_gb_per_s = stats.gb_per_s  # engine 0's (rank 0 logs); every owner moves the same bytes
+        if copied is not None:
+            self.sync_host_copy_bytes = float(comm.host_copy_bytes() - copied)
         return stats.seconds
 
     def save(self) -> None:
@@ -313,7 +319,8 @@ def train(cfg: MaspoConfig, *, resume: bool = False) -> Path:
     """
     faults.configured()  # a malformed MASPO_FAULT fails here, before any work
     with exit_on_error("maspo train"):
-        pools = (setup_pools(lambda world: build_pools(cfg.parallel, cfg.rollout, world))
+        pools = (setup_pools(lambda world: build_pools(cfg.parallel, cfg.rollout, world),
+                             timeout_s=cfg.rollout.pool_timeout_s)
                  if cfg.rollout.disaggregated else None)
         try:
             if pools is not None and pools.is_rollout:

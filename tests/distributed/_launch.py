@@ -22,7 +22,6 @@ patch process-wide state.
 from __future__ import annotations
 
 import atexit
-import datetime
 import os
 import shutil
 import sys
@@ -59,8 +58,9 @@ def _pool_entry(rank: int, world_size: int, port: int, timeout_s: float, tasks) 
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     seed0 = torch.initial_seed()  # what a fresh process starts with
-    dist.init_process_group(comm.default_backend(world_size), rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    # more ranks than GPUs share them through gloo (a test-bench arrangement, never the product's)
+    cuda = torch.cuda.is_available() and world_size <= torch.cuda.device_count()
+    comm.init_default_group(timeout_s, backend="nccl" if cuda else "gloo")  # MASPO_EMULATE_GPU applies here
     while True:
         task = tasks.get()
         if task is None:

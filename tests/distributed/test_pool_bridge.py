@@ -24,14 +24,16 @@ def _worker(rank: int, world: int, port: int):
     from megatron_maspo.rollout.pool_sync import WeightReceiver, WeightSender
 
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0)
-    bridge = Bridge(store, "weights", (0, 1, 2), rank)
+    bridge = Bridge(store, "weights", (0, 1, 2), rank, device=True)
+    ctl = Bridge(store, "weights_ctl", (0, 1, 2), rank)
+    assert bridge.gpu_backend == "nccl" and ctl.gpu_backend == "gloo"
     # objects of any size both ways, root 0 and root 2
-    got = bridge.broadcast_object({"from": 0, "blob": list(range(1000))} if rank == 0 else None, 0)
+    got = ctl.broadcast_object({"from": 0, "blob": list(range(1000))} if rank == 0 else None, 0)
     assert got == {"from": 0, "blob": list(range(1000))}
-    assert bridge.broadcast_object("tail" if rank == 2 else None, 2) == "tail"
+    assert ctl.broadcast_object("tail" if rank == 2 else None, 2) == "tail"
     syncs = [_weights(1), _weights(2)]
     if rank == 0:
-        sender = WeightSender(bridge)
+        sender = WeightSender(bridge, ctl)
         for w in syncs:  # back to back: the engines apply neither before both are sent
             # 4 KiB buckets: the 301 x 32 embedding (fp32, 38 KiB) is split over ten of them
             sender.load_buckets(pack_buckets(w.items(), 4096), verify=True)
@@ -41,7 +43,7 @@ def _worker(rank: int, world: int, port: int):
     from megatron_maspo.rollout.builtin_engine import BuiltinEngine
 
     engine = BuiltinEngine(make_tiny_hf_model("qwen2", vocab_size=301, seed=0)[0])
-    receiver = WeightReceiver(bridge)
+    receiver = WeightReceiver(bridge, ctl)
     out = {}
     for v in (1, 2):
         assert receiver.wait_for(lambda v=v: engine.policy_version >= v, engine, timeout_s=120)

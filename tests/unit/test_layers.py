@@ -91,6 +91,22 @@ def test_one_device_seam(modules):
     assert not spoof_calls, spoof_calls
 
 
+def test_gpu_emulation_stays_under_parallel(modules):
+    """``MASPO_EMULATE_GPU*`` is read, and ``gpu_emulation`` imported, only under ``parallel/``: the rest of
+    the product reaches the emulation through ``comm`` (side streams, device buffers, hand-offs)."""
+    bad = []
+    for f, tree in modules:
+        rel = "/".join(f.relative_to(PKG).parts)
+        if rel.startswith("parallel/"):
+            continue
+        if any(m.startswith("megatron_maspo.parallel.gpu_emulation") for m in _imports(tree)):
+            bad.append(f"{rel}: imports gpu_emulation")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "MASPO_EMULATE_GPU" in node.value:
+                bad.append(f"{rel}:{node.lineno}: names {node.value!r}")
+    assert not bad, bad
+
+
 def test_only_builders_take_the_root_config_under_train(modules):
     takers = []
     for f, tree in modules:

@@ -50,6 +50,7 @@ def job_rank_env() -> tuple[int, int]:
     if "WORLD_SIZE" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
                           WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(comm.emulated_node_env())  # MASPO_EMULATE_GPUS_PER_NODE: nodes on one host
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
@@ -77,12 +78,20 @@ def setup_pools(make_layout, timeout_s: float = 1800.0) -> JobPools:
 
     Args:
         make_layout: ``world -> PoolLayout`` (``rollout.pools.build_pools`` of the run's sections).
+        timeout_s: how long a store wait may last: ``rollout.pool_timeout_s`` (hours), since the bridges
+            between the pools are set up through the store while the trainer may still be loading a
+            checkpoint or warming up (the rollout pool is ready long before).
     """
     _cpu_threads()
     if dist.is_initialized():
         raise RuntimeError("setup_pools: a default process group exists already (one placement per process)")
     rank, world = job_rank_env()
     layout = make_layout(world)
+    if layout.role(rank) == ROLLOUT:
+        # Megatron wants one hardware queue (TP comm kernels in issue order); an engine does not: its weight
+        # receiver's NCCL kernel on a side stream would then stall the decode kernels queued behind it.
+        # Read when the CUDA context is created, i.e. below.
+        os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
     store = comm.job_store(timeout_s)
     comm.bind_local_device()
     size = layout.trainer_world if layout.role(rank) != ROLLOUT else layout.engine_ranks

@@ -96,7 +96,8 @@ class RolloutWorker:
         for target in range(start["first_target"], last + 1):
             want = needed_version(target, k)
             alive = (self.receiver.wait_for(lambda v=want: self._engine_version() >= v, self.shard.engine,
-                                            timeout_s=self.rollout.pool_timeout_s)
+                                            timeout_s=self.rollout.pool_timeout_s,
+                                            what=f"weight version {want}")
                      if self.receiver is not None else True)
             if not all(comm.all_gather_object(alive)):  # any owner told to stop: the whole pool stops
                 return made

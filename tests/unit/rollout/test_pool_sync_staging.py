@@ -50,7 +50,7 @@ def test_receiver_stages_into_the_engine_pool_and_recycles():
     buckets = list(pack_buckets(weights, 128))
     assert len(buckets) >= 2
     bridge, engine, pool = _FakeBridge(), _Engine(), StagingPool("cpu", shared=True)
-    rx = WeightReceiver(bridge, staging=pool)
+    rx = WeightReceiver(bridge, bridge, staging=pool)  # headers and payloads in one queue, in order
     try:
         for v in (1, 2, 3):
             bridge.send_sync(buckets)
