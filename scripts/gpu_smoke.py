@@ -228,7 +228,7 @@ def cmd_varlen(a: argparse.Namespace) -> int:
                 for s, e in zip(bounds[:-1], bounds[1:])]
         return torch.cat(outs)
 
-    args, kw = varlen_call(q, k, v, cu, max(lens), scale=scale, causal=True)
+    args, kw = varlen_call(q, k, v, cu, max(lens), scale=scale, causal=True, kernel=varlen_attn)
     t_ref, _, ref = _timed(per_sequence, dev, a.reps)
     t_var, _, got = _timed(lambda: varlen_attn(*args, **kw), dev, a.reps)
     err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()

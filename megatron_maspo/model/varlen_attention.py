@@ -7,6 +7,7 @@ to PyTorch's ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention's varlen 
 
     q [t, n_h/tp, d], k/v [t, n_g/tp, d], cu_seqlens [n+1] int32 (device), max_seqlen
       -> varlen_attn(q, k, v, cu, cu, max, max, window_size=(-1, 0) causal, enable_gqa=n_h != n_g)
+         (torch < 2.13 has no enable_gqa: K/V heads are repeated to n_h instead, ``varlen_call``)
       -> [t, n_h/tp * d]
 
 Same module interface and parameters as ``packed_sdpa`` (core attention has none), so checkpoints,
@@ -20,6 +21,9 @@ script) compares it with ``packed_sdpa``. ``packed_sdpa`` stays the default unti
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,13 +44,39 @@ def require_varlen() -> None:
         raise RuntimeError("model.attention_backend='varlen' needs torch.nn.attention.varlen (torch >= 2.9)") from e
 
 
+@functools.cache
+def takes_enable_gqa(kernel: Callable[..., Any]) -> bool:
+    """Whether ``kernel`` (torch's ``varlen_attn``) has the ``enable_gqa`` argument; read once per kernel.
+
+    torch 2.13 has it; torch 2.11 (the GPU smoke machine's) does not and raises ``TypeError`` on it, and
+    its kernel then wants as many K/V heads as query heads.
+    """
+    try:
+        return "enable_gqa" in inspect.signature(kernel).parameters
+    except (TypeError, ValueError):  # a builtin without a readable signature: assume the older surface
+        return False
+
+
 def varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, *,
-                scale: float, causal: bool) -> tuple[tuple, dict[str, Any]]:
-    """The ``varlen_attn`` arguments for one packed row: (args, kwargs). A pure function, so the
-    translation from Megatron's packed layout is testable without the kernel."""
+                scale: float, causal: bool, kernel: Callable[..., Any] | None = None) -> tuple[tuple, dict[str, Any]]:
+    """The ``kernel`` arguments for one packed row: (args, kwargs). A pure function, so the translation from
+    Megatron's packed layout is testable without the kernel.
+
+    ``kernel`` (default torch's ``varlen_attn``) is only inspected: without ``enable_gqa`` (torch < 2.13)
+    grouped-query K/V ``[t, n_g, d]`` are repeated to ``[t, n_h, d]`` (each K/V head serves its ``n_h/n_g``
+    consecutive query heads, as ``enable_gqa`` and SDPA do): n_h/n_g times the K/V memory of one layer.
+    """
+    if kernel is None:
+        from torch.nn.attention.varlen import varlen_attn as kernel
     if cu.dtype != torch.int32:
         cu = cu.to(torch.int32)
-    kwargs = dict(scale=scale, window_size=(-1, 0) if causal else (-1, -1), enable_gqa=q.shape[1] != k.shape[1])
+    kwargs: dict[str, Any] = dict(scale=scale, window_size=(-1, 0) if causal else (-1, -1))
+    gqa = q.shape[1] != k.shape[1]
+    if takes_enable_gqa(kernel):
+        kwargs["enable_gqa"] = gqa
+    elif gqa:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     return (q, k, v, cu, cu, int(max_len), int(max_len)), kwargs
 
 
@@ -74,6 +104,6 @@ class VarlenAttention(PackedSDPAttention):
             bounds = getattr(packed_seq_params, "cu_seqlens_host", None) or cu.tolist()
             max_len = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
         args, kw = varlen_call(q, k, v, cu, max_len, scale=self.softmax_scale,
-                               causal=self.attn_mask_type != AttnMaskType.no_mask)
+                               causal=self.attn_mask_type != AttnMaskType.no_mask, kernel=varlen_attn)
         out = varlen_attn(*args, **kw)  # [t, n_h/tp, d]
         return out.reshape(out.shape[0], -1) if thd else out.reshape(out.shape[0], 1, -1)
