@@ -45,16 +45,22 @@ def require_varlen() -> None:
 
 
 @functools.cache
-def takes_enable_gqa(kernel: Callable[..., Any]) -> bool:
-    """Whether ``kernel`` (torch's ``varlen_attn``) has the ``enable_gqa`` argument; read once per kernel.
+def kernel_args(kernel: Callable[..., Any]) -> frozenset[str]:
+    """The keyword arguments ``kernel`` (torch's ``varlen_attn``) takes; read once per kernel.
 
-    torch 2.13 has it; torch 2.11 (the GPU smoke machine's) does not and raises ``TypeError`` on it, and
-    its kernel then wants as many K/V heads as query heads.
+    Its surface moved between releases: torch 2.13 has ``scale``, ``window_size`` and ``enable_gqa``;
+    torch 2.11 (the GPU smoke machine's) has no ``enable_gqa`` and raises ``TypeError`` on it; earlier ones
+    had ``is_causal`` instead of ``window_size`` and no ``scale``.
     """
     try:
-        return "enable_gqa" in inspect.signature(kernel).parameters
-    except (TypeError, ValueError):  # a builtin without a readable signature: assume the older surface
-        return False
+        return frozenset(inspect.signature(kernel).parameters)
+    except (TypeError, ValueError):  # no readable signature: assume the oldest surface
+        return frozenset()
+
+
+def takes_enable_gqa(kernel: Callable[..., Any]) -> bool:
+    """Whether ``kernel`` groups query heads over fewer K/V heads itself (``enable_gqa``)."""
+    return "enable_gqa" in kernel_args(kernel)
 
 
 def varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, *,
@@ -62,17 +68,29 @@ def varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Ten
     """The ``kernel`` arguments for one packed row: (args, kwargs). A pure function, so the translation from
     Megatron's packed layout is testable without the kernel.
 
-    ``kernel`` (default torch's ``varlen_attn``) is only inspected: without ``enable_gqa`` (torch < 2.13)
-    grouped-query K/V ``[t, n_g, d]`` are repeated to ``[t, n_h, d]`` (each K/V head serves its ``n_h/n_g``
-    consecutive query heads, as ``enable_gqa`` and SDPA do): n_h/n_g times the K/V memory of one layer.
+    ``kernel`` (default torch's ``varlen_attn``) is only inspected (:func:`kernel_args`), and the same
+    attention is asked of whichever surface it has: without ``enable_gqa`` grouped-query K/V
+    ``[t, n_g, d]`` are repeated to ``[t, n_h, d]`` (each K/V head serves its ``n_h/n_g`` consecutive query
+    heads, as ``enable_gqa`` and SDPA do; n_h/n_g times one layer's K/V memory); without ``window_size``
+    the causal flag is ``is_causal``; without ``scale`` q is pre-scaled so the kernel's default
+    ``d**-0.5`` gives ``scale``.
     """
     if kernel is None:
         from torch.nn.attention.varlen import varlen_attn as kernel
+    names = kernel_args(kernel)
     if cu.dtype != torch.int32:
         cu = cu.to(torch.int32)
-    kwargs: dict[str, Any] = dict(scale=scale, window_size=(-1, 0) if causal else (-1, -1))
+    kwargs: dict[str, Any] = {}
+    if "scale" in names:
+        kwargs["scale"] = scale
+    elif scale != q.shape[-1] ** -0.5:
+        q = q * (scale * q.shape[-1] ** 0.5)
+    if "window_size" in names or "is_causal" not in names:
+        kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
+    else:
+        kwargs["is_causal"] = causal
     gqa = q.shape[1] != k.shape[1]
-    if takes_enable_gqa(kernel):
+    if "enable_gqa" in names:
         kwargs["enable_gqa"] = gqa
     elif gqa:
         rep = q.shape[1] // k.shape[1]

@@ -85,3 +85,19 @@ def test_a_kernel_without_enable_gqa_gets_repeated_kv_heads_and_the_same_output(
     # equal head counts: nothing repeated, nothing the old kernel does not know passed
     args, kw = varlen_call(q, q, q, bounds, 13, scale=0.25, causal=False, kernel=_old_kernel)
     assert args[1] is q and kw == {"scale": 0.25, "window_size": (-1, -1)}
+
+
+def _oldest_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal=False, return_aux=None):
+    """An older surface still: ``is_causal`` instead of ``window_size``, no ``scale`` (1/sqrt(d) inside)."""
+    return _old_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                       window_size=(-1, 0) if is_causal else (-1, -1))
+
+
+def test_a_kernel_without_window_size_or_scale_gets_is_causal_and_a_prescaled_query():
+    g = torch.Generator().manual_seed(2)
+    bounds = torch.tensor([0, 4, 11], dtype=torch.int32)
+    q, k, v = (torch.randn(11, h, 16, generator=g) for h in (4, 1, 1))
+    args, kw = varlen_call(q, k, v, bounds, 7, scale=0.1, causal=True, kernel=_oldest_kernel)
+    assert kw == {"is_causal": True}
+    want_args, want_kw = varlen_call(q, k, v, bounds, 7, scale=0.1, causal=True, kernel=_new_kernel)
+    torch.testing.assert_close(_oldest_kernel(*args, **kw), _new_kernel(*want_args, **want_kw))
