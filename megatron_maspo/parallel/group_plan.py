@@ -1,7 +1,7 @@
 """The process groups a job makes on GPUs, and the backend each one gets: the rule as data.
 
-Pure arithmetic (no torch, no ``torch.distributed``), so ``maspo check`` prints and checks the same rule the
-runtime applies when it creates the groups (``parallel/comm.py``, ``train/process/distributed.py``).
+Pure arithmetic (no torch, no ``torch.distributed``): ``maspo check`` prints and checks it, and the runtime
+imports :func:`gpu_backend` where it creates the groups, so both read one rule.
 
 The rule (:func:`gpu_backend`)::
 
@@ -85,14 +85,15 @@ def gpu_of(rank: int, gpus_per_node: int, ranks_per_node: int | None = None) -> 
     return rank // per_node, (rank % per_node) % gpus_per_node
 
 
-def _shares(ranks: tuple[int, ...], gpus_per_node: int, ranks_per_node: int | None) -> bool:
+def members_share_a_gpu(ranks: tuple[int, ...], gpus_per_node: int, ranks_per_node: int | None = None) -> bool:
+    """Whether two of ``ranks`` sit on one GPU (:func:`gpu_of`): the second argument of :func:`gpu_backend`."""
     gpus = [gpu_of(r, gpus_per_node, ranks_per_node) for r in ranks]
     return len(set(gpus)) < len(gpus)
 
 
 def _device_group(name: str, ranks: tuple[int, ...], why: str, gpus_per_node: int,
                   ranks_per_node: int | None) -> GroupPlan:
-    shares = _shares(ranks, gpus_per_node, ranks_per_node)
+    shares = members_share_a_gpu(ranks, gpus_per_node, ranks_per_node)
     return GroupPlan(name, ranks, True, gpu_backend(True, shares), shares,
                      why + ("; two ranks on one GPU" if shares else ""))
 
@@ -119,7 +120,7 @@ def plan_groups(layout: PoolLayout | int, gpus_per_node: int, *,
     rollout = _device_group("rollout", tuple(range(t, layout.world)),
                             "rollout pool; object collectives stage on the GPU", gpus_per_node, ranks_per_node)
     w_ranks = tuple(layout.weights_ranks)
-    if _shares(w_ranks, gpus_per_node, ranks_per_node):  # NCCL refuses: buckets go through host memory
+    if members_share_a_gpu(w_ranks, gpus_per_node, ranks_per_node):  # NCCL refuses: buckets go through host memory
         weights = GroupPlan("weights", w_ranks, False, gpu_backend(False, True), True,
                             "two members share a GPU: buckets staged on the host")
     else:

@@ -17,6 +17,7 @@ from megatron_maspo.parallel.group_plan import (
     format_ranks,
     gpu_backend,
     gpu_of,
+    members_share_a_gpu,
     plan_groups,
     validate,
 )
@@ -60,6 +61,7 @@ def test_vllm_tp_engines_owners_in_the_weights_bridge():
 def test_one_gpu_two_processes_the_weights_bridge_stages_on_the_host():
     """The smoke machine: a one-rank training pool and a one-rank rollout pool on GPU 0."""
     assert gpu_of(0, 1, ranks_per_node=2) == gpu_of(1, 1, ranks_per_node=2) == (0, 0)
+    assert members_share_a_gpu((0, 1), 1, ranks_per_node=2) and not members_share_a_gpu((0, 8), 8)
     by = {p.name: p for p in plan_groups(PoolLayout(world=2, engine_ranks=1), 1, ranks_per_node=2)}
     assert by["weights"].backend == GLOO and by["weights"].shares_gpu and not by["weights"].carries_device
     assert "staged on the host" in by["weights"].why
