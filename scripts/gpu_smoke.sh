@@ -66,9 +66,10 @@ LIST=0
 ONLY=""
 # Part timeouts in seconds on the GPU (the --cpu rehearsal multiplies them by SMOKE_TIMEOUT_SCALE).
 # Keep the sum <= 360: tests/unit/scripts/test_gpu_smoke.py checks it. disagg's 45 s came out of install
-# (pip of 6 wheels: 4 s on the 2-core CPU box), nccl (1 s there), train (12 s there for 60 SFT + 2 RL
-# steps) and convert_h2m (12 s there): each keeps several times its CPU figure for CUDA start-up.
-PARTS=(install:15 nccl:15 train:65 convert_h2m:35 convert_m2h:30 logprobs:30 lp_bf16:20 ipc:30 sleep:25
+# (pip of 6 wheels and the imports: 5 s on the 2-core CPU box), nccl (1 s there), train (13 s there for
+# 60 SFT + 2 RL steps) and convert_h2m (12-17 s there): each keeps several times its CPU figure for CUDA
+# start-up and cold imports.
+PARTS=(install:20 nccl:15 train:60 convert_h2m:35 convert_m2h:30 logprobs:30 lp_bf16:20 ipc:30 sleep:25
        mismatch:30 varlen:20 disagg:45)
 TARGET_HAS=(torch triton transformers sympy numpy safetensors pyyaml tqdm psutil)
 CARRIED=(megatron-core==0.16.1 math-verify==0.9.0 latex2sympy2_extended==1.11.0
