@@ -7,6 +7,10 @@
                                                         metrics.jsonl of a smoke training run: N steps,
                                                         finite loss and non-zero grad norm every step,
                                                         memory/* for every phase
+    python scripts/gpu_smoke.py check-train RUN --steps N --pools [--cpu]
+                                                        the same for a disaggregated run (the training
+                                                        pool's metrics): finite loss, gradient norm and
+                                                        reward, bytes synced every step
     python scripts/gpu_smoke.py check-verify LOG --tol T
                                                         the ``verify:`` figure of a convert --verify log
                                                         is at most T
@@ -37,6 +41,8 @@ if TYPE_CHECKING:  # torch is imported by the parts that compute: the log checks
     import torch
 
 PHASES = ("generate", "grade", "old_logprobs", "train", "sync")
+POOL_PHASES = ("old_logprobs", "train", "sync")
+"""The training pool's phases in a disaggregated run (generation and grading happen in the rollout pool)."""
 
 
 def _device(cpu: bool) -> torch.device:
@@ -91,7 +97,14 @@ def cmd_make_hf(a: argparse.Namespace) -> int:
     return 0
 
 
+def _finite(x) -> bool:
+    return x is not None and math.isfinite(x)
+
+
 def cmd_check_train(a: argparse.Namespace) -> int:
+    """A colocated run: finite loss and a non-zero gradient every step, memory of every phase. ``--pools``
+    (a disaggregated run, logged by the training pool): finite loss, gradient norm and reward every step,
+    a weight sync that moved bytes over the bridge, memory of the training pool's phases."""
     recs = [json.loads(x) for x in (Path(a.run) / "metrics.jsonl").read_text().splitlines() if x.strip()]
     problems = []
     if len(recs) != a.steps:
@@ -99,15 +112,22 @@ def cmd_check_train(a: argparse.Namespace) -> int:
     kinds = ["peak_rss", "rss"] + ([] if a.cpu else ["peak_alloc", "peak_reserved"])
     for r in recs:
         loss = r.get("actor/loss")
-        if loss is None or not math.isfinite(loss):
+        if not _finite(loss):
             problems.append(f"step {r.get('step')}: actor/loss={loss}")
         gnorm = r.get("actor/grad_norm")
-        # zero advantages (every reward of a group equal) give a zero gradient: nothing was trained
-        if gnorm is None or not math.isfinite(gnorm) or gnorm <= 0:
+        # zero advantages (every reward of a group equal) give a zero gradient: nothing was trained. The
+        # pools run checks that the job finishes with finite figures, so a zero gradient is allowed there.
+        if not _finite(gnorm) or gnorm < 0 or (gnorm == 0 and not a.pools):
             problems.append(f"step {r.get('step')}: actor/grad_norm={gnorm}")
-        missing = [f"{p}_{k}" for p in PHASES for k in kinds if f"memory/{p}_{k}_gb" not in r]
+        if a.pools and not (_finite(r.get("reward/mean")) and (r.get("sync/gb_per_s") or 0) > 0):
+            problems.append(f"step {r.get('step')}: reward/mean={r.get('reward/mean')} "
+                            f"sync/gb_per_s={r.get('sync/gb_per_s')}")
+        phases = POOL_PHASES if a.pools else PHASES
+        missing = [f"{p}_{k}" for p in phases for k in kinds if f"memory/{p}_{k}_gb" not in r]
         if missing:
             problems.append(f"step {r.get('step')}: no memory/{missing[0]}_gb (+{len(missing) - 1})")
+    if a.pools:
+        return _report_pools(recs, problems)
     last = recs[-1] if recs else {}
     step_s = statistics.median(r["time/step"] for r in recs) if recs else float("nan")
     mem = "rss" if a.cpu else "peak_alloc"
@@ -117,6 +137,16 @@ def cmd_check_train(a: argparse.Namespace) -> int:
           f"reward={last.get('reward/mean', float('nan')):.3f} loss={last.get('actor/loss', float('nan')):.4f} "
           f"gnorm(min)={min((r.get('actor/grad_norm') or 0.0) for r in recs) if recs else 0.0:.3g} "
           f"offload_gb={last.get('memory/offloaded_gb', 0.0):.3f} {mem}_gb[{figs}]"
+          + ("" if not problems else " PROBLEMS: " + "; ".join(problems[:3])))
+    return 0 if not problems else 1
+
+
+def _report_pools(recs: list[dict], problems: list[str]) -> int:
+    last = recs[-1] if recs else {}
+    step_s = statistics.median(r["time/step"] for r in recs) if recs else float("nan")
+    print(f"SMOKE disagg: steps={len(recs)} step_s={step_s:.2f} reward={last.get('reward/mean', float('nan')):.3f} "
+          f"loss={last.get('actor/loss', float('nan')):.4f} gnorm={last.get('actor/grad_norm', float('nan')):.3g} "
+          f"sync_gb_s={last.get('sync/gb_per_s', float('nan')):.3g}"
           + ("" if not problems else " PROBLEMS: " + "; ".join(problems[:3])))
     return 0 if not problems else 1
 
@@ -228,7 +258,7 @@ def cmd_varlen(a: argparse.Namespace) -> int:
                 for s, e in zip(bounds[:-1], bounds[1:])]
         return torch.cat(outs)
 
-    args, kw = varlen_call(q, k, v, cu, max(lens), scale=scale, causal=True)
+    args, kw = varlen_call(q, k, v, cu, max(lens), scale=scale, causal=True, kernel=varlen_attn)
     t_ref, _, ref = _timed(per_sequence, dev, a.reps)
     t_var, _, got = _timed(lambda: varlen_attn(*args, **kw), dev, a.reps)
     err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
@@ -248,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("run")
     s.add_argument("--steps", type=int, required=True)
     s.add_argument("--cpu", action="store_true")
+    s.add_argument("--pools", action="store_true", help="a disaggregated run (the training pool's metrics)")
     s = sub.add_parser("check-verify")
     s.add_argument("log")
     s.add_argument("--tol", type=float, required=True)

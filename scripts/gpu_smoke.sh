@@ -18,6 +18,10 @@
 #   mismatch     trainer (Megatron) vs engine (transformers) log-probs of the same sampled tokens (tolerance)
 #   varlen       model.attention_backend='varlen' (one varlen flash call per layer) vs packed_sdpa logits
 #                (skipped with --cpu: the kernel is CUDA only). Kernel alone: python scripts/gpu_smoke.py varlen
+#   disagg       `maspo train` with rollout.placement=disaggregated under torchrun, 2 processes on the one
+#                GPU (CUDA_VISIBLE_DEVICES=0 for both: a one-rank training pool, a one-rank rollout pool
+#                with the built-in engine, weights bridge staged on the host), 2 steps at k = 1; checks
+#                metrics.jsonl: finite loss, gradient norm and reward, bytes synced every step
 # and prints one summary table (PASS/FAIL per part, with its figures). Exit status: failed parts.
 #
 # Usage:
@@ -29,29 +33,47 @@
 #   bash scripts/gpu_smoke.sh --dry-run       # print what would run
 #   bash scripts/gpu_smoke.sh --fetch-wheels  # on a machine WITH network: fill scripts/wheels/
 #
-# Wheels (scripts/wheels/ is git-ignored; the target has Python 3.12, torch 2.11, triton, transformers,
-# sympy, numpy, safetensors, pyyaml, tqdm and psutil already). --fetch-wheels runs exactly:
+# Wheels (scripts/wheels/ is git-ignored). The target has Python 3.12, torch 2.11 (with its own
+# requirements: setuptools, sympy, networkx, jinja2, fsspec, filelock), triton, transformers (with
+# huggingface_hub, tokenizers, regex, packaging), numpy, safetensors, pyyaml, tqdm and psutil already
+# (TARGET_HAS below). Everything else this project and the carried wheels require is carried (CARRIED):
+#   megatron-core 0.16.1   requires torch, numpy, packaging>=24.2 (the image's packaging is whatever
+#                          transformers accepted, >=20: carried so megatron-core gets what it declares)
+#   math-verify 0.9.0      requires latex2sympy2_extended==1.11.0
+#   latex2sympy2_extended  requires sympy, antlr4-python3-runtime>=4.9.3,<=4.13.2
+#   antlr4-python3-runtime requires nothing on Python 3
+# tests/unit/scripts/test_gpu_smoke.py re-reads those requirements from the installed metadata.
+# --fetch-wheels runs exactly:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 -d scripts/wheels \
 #       megatron-core==0.16.1          # has a compiled helper: the cp312 manylinux wheel exists on PyPI
 #   pip download --no-deps --only-binary=:all: -d scripts/wheels \
-#       math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2  # pure Python
+#       math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 \
+#       packaging==26.4                # pure Python
 #   pip wheel --no-deps --no-build-isolation -w scripts/wheels .     # this project (py3-none-any)
-# If no megatron_maspo wheel is there, the checkout itself is put on PYTHONPATH.
+# If no megatron_maspo wheel is there, the checkout itself is put on PYTHONPATH; with --cpu the checkout
+# always comes first (the rehearsal tests this checkout), and wheels this Python cannot install (the
+# cp312 megatron-core on another Python) are skipped and named: the local environment stands in.
 # Through this workplace's device tool: run(command="bash scripts/gpu_smoke.sh", carry=["scripts/wheels"]).
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-WHEELS="$REPO/scripts/wheels"
+WHEELS="${SMOKE_WHEELS:-$REPO/scripts/wheels}"   # SMOKE_WHEELS: another folder (the tests use one)
 PY="${PYTHON:-python3}"
 MODE=gpu
 DRY=0
 LIST=0
 ONLY=""
 # Part timeouts in seconds on the GPU (the --cpu rehearsal multiplies them by SMOKE_TIMEOUT_SCALE).
-# Keep the sum <= 360: tests/unit/scripts/test_gpu_smoke.py checks it.
-PARTS=(install:25 nccl:20 train:85 convert_h2m:45 convert_m2h:30 logprobs:30 lp_bf16:20 ipc:30 sleep:25
-       mismatch:30 varlen:20)
+# Keep the sum <= 360: tests/unit/scripts/test_gpu_smoke.py checks it. disagg's 45 s came out of install
+# (pip of 6 wheels and the imports: 5 s on the 2-core CPU box), nccl (1 s there), train (13 s there for
+# 60 SFT + 2 RL steps) and convert_h2m (12-17 s there): each keeps several times its CPU figure for CUDA
+# start-up and cold imports.
+PARTS=(install:20 nccl:15 train:60 convert_h2m:35 convert_m2h:30 logprobs:30 lp_bf16:20 ipc:30 sleep:25
+       mismatch:30 varlen:20 disagg:45)
+TARGET_HAS=(torch triton transformers sympy numpy safetensors pyyaml tqdm psutil)
+CARRIED=(megatron-core==0.16.1 math-verify==0.9.0 latex2sympy2_extended==1.11.0
+         antlr4-python3-runtime==4.13.2 packaging==26.4)
 while [ $# -gt 0 ]; do
   arg="$1"; shift
   case "$arg" in
@@ -65,13 +87,12 @@ while [ $# -gt 0 ]; do
       set -e
       mkdir -p "$WHEELS"
       "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 -d "$WHEELS" megatron-core==0.16.1
-      "$PY" -m pip download --no-deps --only-binary=:all: -d "$WHEELS" \
-        math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 -d "$WHEELS" "${CARRIED[0]}"
+      "$PY" -m pip download --no-deps --only-binary=:all: -d "$WHEELS" "${CARRIED[@]:1}"
       "$PY" -m pip wheel --no-deps --no-build-isolation -w "$WHEELS" "$REPO"
       ls -l "$WHEELS"
       exit 0 ;;
-    -h|--help) sed -n '2,39p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo pipefail/p' "${BASH_SOURCE[0]}" | sed '$d'; exit 0 ;;
     *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -109,10 +130,10 @@ export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARA
        PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 if [ "$MODE" = cpu ]; then
   export CUDA_VISIBLE_DEVICES=""   # the rehearsal must not touch a GPU even where one exists
-  CPU_FLAG=--cpu; BF16=false; STEPS=2
+  CPU_FLAG=--cpu; BF16=false; STEPS=2; DISAGG_GPUS=""
   TIMEOUT_SCALE="${SMOKE_TIMEOUT_SCALE:-10}"  # shared 2-core boxes: conversion alone took 150 s there
 else
-  CPU_FLAG=; BF16=true; STEPS=3
+  CPU_FLAG=; BF16=true; STEPS=3; DISAGG_GPUS=0   # disagg: both ranks on GPU 0
   TIMEOUT_SCALE="${SMOKE_TIMEOUT_SCALE:-1}"   # the part limits add up to 6 minutes
 fi
 
@@ -145,30 +166,60 @@ run_part() {
   return 0
 }
 
+# install_wheels: the wheels this Python can install go into $SITE. On the GPU target every one must
+# (a skipped one fails the part); in the --cpu rehearsal a cp312 wheel on another Python is skipped and
+# named, and this environment's own install stands in. Then the modules are imported, not just found:
+# a missing dependency of a carried wheel (antlr4 under math-verify) fails here, not mid-run.
 install_wheels() {
-  local whl=("$WHEELS"/*.whl)
-  if [ -e "${whl[0]}" ]; then
+  local line wheels=() skipped=()
+  while read -r line; do
+    case "$line" in "use "*) wheels+=("${line#use }") ;; "skip "*) skipped+=("${line#skip }") ;; esac
+  done < <("$PY" - "$WHEELS" <<'PY'
+import glob, sys
+try:
+    from packaging.tags import sys_tags
+    from packaging.utils import parse_wheel_filename
+except ImportError:  # pip always vendors it
+    from pip._vendor.packaging.tags import sys_tags
+    from pip._vendor.packaging.utils import parse_wheel_filename
+ok = set(sys_tags())
+for w in sorted(glob.glob(sys.argv[1] + "/*.whl")):
+    name, version, _, tags = parse_wheel_filename(w.rsplit("/", 1)[1])
+    print(f"use {w}" if tags & ok else f"skip {name}-{version}")
+PY
+)
+  if [ "${#wheels[@]}" -gt 0 ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$SITE" "${whl[@]}" || return 1
+      --target "$SITE" "${wheels[@]}" || return 1
   fi
-  echo "SMOKE install: $(ls "$WHEELS"/*.whl 2>/dev/null | wc -l) wheels into $SITE; project from" \
-       "$(ls "$WHEELS"/megatron_maspo-*.whl >/dev/null 2>&1 && echo wheel || echo checkout)"
-  "$PY" - <<'EOF'
-import importlib.util, sys
-missing = [m for m in ("torch", "megatron.core", "math_verify", "transformers", "megatron_maspo")
-           if importlib.util.find_spec(m) is None]
+  echo "installed into $SITE"
+  echo "SMOKE install: ${#wheels[@]} wheels;" \
+       "${skipped[*]:+skipped (not for this Python): ${skipped[*]};} project from $PROJECT_FROM"
+  if [ "${#skipped[@]}" -gt 0 ] && [ "$MODE" = gpu ]; then echo "the target must install every wheel" >&2; return 1; fi
+  "$PY" - <<'PY'
+import sys
 import torch
-print(f"python {sys.version.split()[0]}, torch {torch.__version__}, cuda {torch.cuda.is_available()}")
-sys.exit(f"missing modules: {missing}") if missing else None
-EOF
+import megatron.core.parallel_state  # noqa: F401
+import math_verify
+import transformers  # noqa: F401
+import megatron_maspo
+ok = math_verify.verify(math_verify.parse("$\\frac{1}{2}$"), math_verify.parse("0.5"))
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, cuda {torch.cuda.is_available()}, "
+      f"megatron_maspo from {megatron_maspo.__file__}, math-verify 1/2 == 0.5: {ok}")
+sys.exit(0 if ok else "math-verify does not grade 1/2 == 0.5")
+PY
 }
 
-PYPATH="$SITE"
-ls "$WHEELS"/megatron_maspo-*.whl >/dev/null 2>&1 || PYPATH="$SITE:$REPO"
+PYPATH="$SITE"; PROJECT_FROM=wheel
+if [ "$MODE" = cpu ]; then
+  PYPATH="$REPO:$SITE"; PROJECT_FROM=checkout   # the rehearsal tests this checkout, wheel or not
+elif ! ls "$WHEELS"/megatron_maspo-*.whl >/dev/null 2>&1; then
+  PYPATH="$SITE:$REPO"; PROJECT_FROM=checkout
+fi
 export PYTHONPATH="$PYPATH${PYTHONPATH:+:$PYTHONPATH}"
 SMOKE="$REPO/scripts/gpu_smoke.py"
 
-export PY WHEELS SITE
+export PY WHEELS SITE MODE PROJECT_FROM
 export -f install_wheels
 PARTS_PY="$REPO/scripts/gpu_smoke_parts.py"
 run_part install bash -c install_wheels
@@ -195,6 +246,21 @@ run_part ipc "$PY" "$PARTS_PY" ipc $CPU_FLAG
 run_part sleep "$PY" "$PARTS_PY" sleep $CPU_FLAG
 run_part mismatch "$PY" "$PARTS_PY" mismatch $CPU_FLAG
 run_part varlen "$PY" "$PARTS_PY" varlen $CPU_FLAG
+# disagg: rollout.placement=disaggregated on the one GPU: a one-rank training pool and a one-rank rollout
+# pool (built-in engine), two processes. Both see GPU 0 (CUDA_VISIBLE_DEVICES=0, so LOCAL_RANK 1 has no GPU
+# of its own): the product then puts both ranks on that device, and the weights bridge, whose two members
+# share it, stages buckets on the host (gloo): NCCL refuses two ranks on one GPU. It exercises the weight
+# receiver loop and the wait for the first sync on real CUDA streams (issue 43, A and C); not the pools'
+# backends or a GPU-to-GPU sync (B, D), which need two GPUs. k = 1, so generation overlaps training.
+run_part disagg bash -c "CUDA_VISIBLE_DEVICES=$DISAGG_GPUS \"$PY\" -m torch.distributed.run --standalone \
+  --nproc-per-node 2 -m megatron_maspo.cli.main train --recipe tiny --set rollout.placement=disaggregated \
+  --set rollout.engine_ranks=1 --set rollout.max_staleness=1 --set loss.tis_cap=2.0 --set model.bf16=$BF16 \
+  --set train.steps=2 --set train.sft_steps=40 --set model.tiny_num_layers=1 --set model.tiny_hidden_size=64 \
+  --set train.prompts_per_step=4 --set rollout.group_size=4 --set rollout.max_new_tokens=8 \
+  --set train.overlong_buffer=4 --set data.num_examples=32 --set train.max_tokens_per_micro_batch=256 \
+  --set reward.num_workers=1 --set checkpoint.save_every=0 --set checkpoint.run_dir=$WORK/disagg \
+  --set logging.tensorboard=false --set logging.plots=false --set logging.progress=false \
+  && \"$PY\" \"$SMOKE\" check-train $WORK/disagg --steps 2 --pools $CPU_FLAG"
 
 echo
 echo "gpu_smoke summary ($MODE mode; logs in $WORK)"

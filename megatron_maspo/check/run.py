@@ -12,6 +12,12 @@ trainer builds, ``use_cpu_initialization=False``) and runs every step that needs
     weight sync   one pipeline stage owns each layer, the embedding and the head (the export's per-stage
                   manifest); the export manifest laid into ``rollout.bucket_mb`` buckets as the sync packs it
     placement     each engine's node and GPUs (``FleetLayout.placement``); no GPU shared
+    process groups
+                  each pool's default group and the bridges between pools with the backend each gets on
+                  GPUs (``parallel/group_plan.py``): a group carrying device tensors must be nccl
+    host shared memory
+                  the ``/dev/shm`` per node a vLLM engine of the rollout pool stages syncs into (about two
+                  syncs of the model in the engine dtype per engine owner; ``rollout/shm_budget.py``)
     memory plan   the planner's parameters per GPU and offload bytes vs the built ranks'; the plan fits
 
 With ``rollout.placement=disaggregated`` the job is split as it runs (``rollout/pools.py::PoolLayout``):
@@ -29,10 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from megatron_maspo.check.pools import check_process_groups, shm_line
 from megatron_maspo.check.steps import (
     CheckError,
     check_bucket_plan,
@@ -48,6 +56,8 @@ from megatron_maspo.check.steps import (
     stage_manifest,
 )
 from megatron_maspo.check.world import build_meta_chunks, coordinates, fake_rank
+from megatron_maspo.parallel.group_plan import plan_groups
+from megatron_maspo.rollout.buckets import dtype_size
 
 GPUS_PER_NODE = 8
 """The recipes' documented node size (``recipes/base.py``)."""
@@ -88,8 +98,11 @@ def _build_options(cfg):
 
 
 def check_config(cfg, *, nodes: int, gpus_per_node: int, gpu_mem_gb: float = 80.0,
-                 echo: Callable[[str], None] | None = None) -> CheckResult:
-    """Run every step for ``cfg`` on ``nodes x gpus_per_node`` GPUs; see the module docstring."""
+                 node_shm_gb: float | None = None, echo: Callable[[str], None] | None = None) -> CheckResult:
+    """Run every step for ``cfg`` on ``nodes x gpus_per_node`` GPUs; see the module docstring.
+
+    ``node_shm_gb``: ``/dev/shm`` a node offers, checked against the rollout pool's staging (None: printed only).
+    """
     res = CheckResult()
 
     def say(line: str) -> None:
@@ -98,14 +111,15 @@ def check_config(cfg, *, nodes: int, gpus_per_node: int, gpu_mem_gb: float = 80.
             echo(line)
 
     try:
-        _run(cfg, nodes, gpus_per_node, gpu_mem_gb, say)
+        _run(cfg, nodes, gpus_per_node, gpu_mem_gb, node_shm_gb, say)
     except CheckError as e:
         res.error = e
         say(f"FAIL {e}")
     return res
 
 
-def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, say: Callable[[str], None]) -> None:
+def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, node_shm_gb: float | None,
+         say: Callable[[str], None]) -> None:
     from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of, local_params
     from megatron_maspo.rollout.fleet import build_fleet
     from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb
@@ -179,6 +193,9 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, say: Callable[[
     say(f"ok   engine placement: {len(placed)} {cfg.rollout.engine} engines (rollout TP {len(placed[0].gpus)}), "
         f"node {first}: "
         + " ".join("[" + ",".join(map(str, g)) + "]" for g in per_node.get(first, [])) + tail)
+    say(check_process_groups(plan_groups(pools if pools is not None else world, gpus_per_node)))
+    sync_bytes = sum(math.prod(shape) * dtype_size(dt) for _, dt, shape in manifest)
+    say(shm_line(cfg.rollout, sync_bytes, [e.node for e in placed], dtype, node_shm_gb=node_shm_gb))
     lay = layout_of(cfg)
     hw = Assumptions(gpu_mem_gb=gpu_mem_gb)
     if pools is None:

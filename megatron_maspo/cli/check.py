@@ -3,7 +3,8 @@
 Builds the real Megatron model of every distinct model-parallel rank of the layout on the meta device and
 runs the steps that need shapes but not numbers: conversion tables against the real parameter names (both
 directions, local and TE names), the checkpoint's sharded keys, the weight sync's bucket plan, engine
-placement per node and the memory plan (``megatron_maspo/check/run.py``). Default layout: the recipe's
+placement per node, the process groups' backends on GPUs, the rollout pool's host shared memory and the
+memory plan (``megatron_maspo/check/run.py``). Default layout: the recipe's
 documented one (``parallel.world_size`` on 8-GPU nodes).
 
     maspo check r1_distill_qwen_7b_maspo
@@ -28,6 +29,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--nodes", type=int, default=None, help="nodes (default: the recipe's documented layout)")
     p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default 8, or the world if smaller)")
     p.add_argument("--gpu-mem-gb", type=float, default=80.0, help="GPU memory in GiB for the memory plan (default 80)")
+    p.add_argument("--shm-gb", type=float, default=None,
+                   help="/dev/shm per node in GiB: fail when the rollout pool's vLLM staging needs more "
+                        "(default: print the need only)")
     p.set_defaults(run=run)
 
 
@@ -46,5 +50,6 @@ def run(args: argparse.Namespace) -> int:
     gpus = args.gpus_per_node if args.gpus_per_node is not None else gpus
     if nodes < 1 or gpus < 1:
         raise ConfigError(f"--nodes and --gpus-per-node must be >= 1, got {nodes}, {gpus}")
-    res = check_config(cfg, nodes=nodes, gpus_per_node=gpus, gpu_mem_gb=args.gpu_mem_gb, echo=print)
+    res = check_config(cfg, nodes=nodes, gpus_per_node=gpus, gpu_mem_gb=args.gpu_mem_gb,
+                       node_shm_gb=args.shm_gb, echo=print)
     return 0 if res.ok else 1

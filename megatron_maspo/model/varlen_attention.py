@@ -7,6 +7,7 @@ to PyTorch's ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention's varlen 
 
     q [t, n_h/tp, d], k/v [t, n_g/tp, d], cu_seqlens [n+1] int32 (device), max_seqlen
       -> varlen_attn(q, k, v, cu, cu, max, max, window_size=(-1, 0) causal, enable_gqa=n_h != n_g)
+         (torch < 2.13 has no enable_gqa: K/V heads are repeated to n_h instead, ``varlen_call``)
       -> [t, n_h/tp * d]
 
 Same module interface and parameters as ``packed_sdpa`` (core attention has none), so checkpoints,
@@ -20,6 +21,9 @@ script) compares it with ``packed_sdpa``. ``packed_sdpa`` stays the default unti
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,13 +44,57 @@ def require_varlen() -> None:
         raise RuntimeError("model.attention_backend='varlen' needs torch.nn.attention.varlen (torch >= 2.9)") from e
 
 
+@functools.cache
+def kernel_args(kernel: Callable[..., Any]) -> frozenset[str]:
+    """The keyword arguments ``kernel`` (torch's ``varlen_attn``) takes; read once per kernel.
+
+    Its surface moved between releases: torch 2.13 has ``scale``, ``window_size`` and ``enable_gqa``;
+    torch 2.11 (the GPU smoke machine's) has no ``enable_gqa`` and raises ``TypeError`` on it; earlier ones
+    had ``is_causal`` instead of ``window_size`` and no ``scale``.
+    """
+    try:
+        return frozenset(inspect.signature(kernel).parameters)
+    except (TypeError, ValueError):  # no readable signature: assume the oldest surface
+        return frozenset()
+
+
+def takes_enable_gqa(kernel: Callable[..., Any]) -> bool:
+    """Whether ``kernel`` groups query heads over fewer K/V heads itself (``enable_gqa``)."""
+    return "enable_gqa" in kernel_args(kernel)
+
+
 def varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, *,
-                scale: float, causal: bool) -> tuple[tuple, dict[str, Any]]:
-    """The ``varlen_attn`` arguments for one packed row: (args, kwargs). A pure function, so the
-    translation from Megatron's packed layout is testable without the kernel."""
+                scale: float, causal: bool, kernel: Callable[..., Any] | None = None) -> tuple[tuple, dict[str, Any]]:
+    """The ``kernel`` arguments for one packed row: (args, kwargs). A pure function, so the translation from
+    Megatron's packed layout is testable without the kernel.
+
+    ``kernel`` (default torch's ``varlen_attn``) is only inspected (:func:`kernel_args`), and the same
+    attention is asked of whichever surface it has: without ``enable_gqa`` grouped-query K/V
+    ``[t, n_g, d]`` are repeated to ``[t, n_h, d]`` (each K/V head serves its ``n_h/n_g`` consecutive query
+    heads, as ``enable_gqa`` and SDPA do; n_h/n_g times one layer's K/V memory); without ``window_size``
+    the causal flag is ``is_causal``; without ``scale`` q is pre-scaled so the kernel's default
+    ``d**-0.5`` gives ``scale``.
+    """
+    if kernel is None:
+        from torch.nn.attention.varlen import varlen_attn as kernel
+    names = kernel_args(kernel)
     if cu.dtype != torch.int32:
         cu = cu.to(torch.int32)
-    kwargs = dict(scale=scale, window_size=(-1, 0) if causal else (-1, -1), enable_gqa=q.shape[1] != k.shape[1])
+    kwargs: dict[str, Any] = {}
+    if "scale" in names:
+        kwargs["scale"] = scale
+    elif scale != q.shape[-1] ** -0.5:
+        q = q * (scale * q.shape[-1] ** 0.5)
+    if "window_size" in names or "is_causal" not in names:
+        kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
+    else:
+        kwargs["is_causal"] = causal
+    gqa = q.shape[1] != k.shape[1]
+    if "enable_gqa" in names:
+        kwargs["enable_gqa"] = gqa
+    elif gqa:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     return (q, k, v, cu, cu, int(max_len), int(max_len)), kwargs
 
 
@@ -74,6 +122,6 @@ class VarlenAttention(PackedSDPAttention):
             bounds = getattr(packed_seq_params, "cu_seqlens_host", None) or cu.tolist()
             max_len = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
         args, kw = varlen_call(q, k, v, cu, max_len, scale=self.softmax_scale,
-                               causal=self.attn_mask_type != AttnMaskType.no_mask)
+                               causal=self.attn_mask_type != AttnMaskType.no_mask, kernel=varlen_attn)
         out = varlen_attn(*args, **kw)  # [t, n_h/tp, d]
         return out.reshape(out.shape[0], -1) if thd else out.reshape(out.shape[0], 1, -1)

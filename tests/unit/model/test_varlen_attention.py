@@ -1,8 +1,11 @@
 """``attention_backend='varlen'`` (GPU only, written, not run): selected by the setting, refused clearly on
 CPU, same parameters as ``packed_sdpa``, and its call arguments express the same attention: the varlen
-semantics (causal window, GQA, int32 cu_seqlens) evaluated sequence by sequence equal PackedSDPAttention."""
+semantics (causal window, GQA, int32 cu_seqlens) evaluated sequence by sequence equal PackedSDPAttention; a
+kernel without ``enable_gqa`` (torch 2.11's) gets repeated K/V heads and gives the same output."""
 
 from __future__ import annotations
+
+import inspect
 
 import pytest
 import torch
@@ -45,3 +48,56 @@ def test_call_arguments_mean_the_packed_causal_gqa_attention():
         v[s:e].repeat_interleave(2, 1).transpose(0, 1), is_causal=True, scale=0.3).transpose(0, 1)
         for s, e in zip(bounds[:-1], bounds[1:])])
     torch.testing.assert_close(got, want)
+
+
+def _new_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                window_size=(-1, -1), enable_gqa=False):
+    """torch 2.13's ``varlen_attn`` signature over the documented semantics."""
+    return _varlen_semantics(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale,
+                             window_size=window_size, enable_gqa=enable_gqa)
+
+
+def _old_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                window_size=(-1, -1)):
+    """torch 2.11's signature: no ``enable_gqa``, and its kernel wants as many K/V heads as query heads."""
+    if key.shape[1] != query.shape[1] or value.shape[1] != query.shape[1]:
+        raise RuntimeError(f"old varlen kernel: {query.shape[1]} query heads, {key.shape[1]} K/V heads")
+    return _varlen_semantics(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale,
+                             window_size=window_size, enable_gqa=False)
+
+
+def test_a_kernel_without_enable_gqa_gets_repeated_kv_heads_and_the_same_output():
+    from torch.nn.attention.varlen import varlen_attn
+
+    from megatron_maspo.model.varlen_attention import takes_enable_gqa
+
+    assert takes_enable_gqa(_new_kernel) and not takes_enable_gqa(_old_kernel)
+    assert takes_enable_gqa(varlen_attn) == ("enable_gqa" in inspect.signature(varlen_attn).parameters)
+    g = torch.Generator().manual_seed(1)
+    bounds = torch.tensor([0, 9, 10, 23], dtype=torch.int32)
+    q, k, v = (torch.randn(23, h, 8, generator=g) for h in (6, 2, 2))
+    args, kw = varlen_call(q, k, v, bounds, 13, scale=0.25, causal=True, kernel=_old_kernel)
+    assert "enable_gqa" not in kw and args[1].shape == args[2].shape == (23, 6, 8)
+    old = _old_kernel(*args, **kw)
+    new_args, new_kw = varlen_call(q, k, v, bounds, 13, scale=0.25, causal=True, kernel=_new_kernel)
+    assert new_kw["enable_gqa"] and new_args[1].shape == (23, 2, 8)  # no copy where the kernel groups heads
+    torch.testing.assert_close(old, _new_kernel(*new_args, **new_kw))
+    # equal head counts: nothing repeated, nothing the old kernel does not know passed
+    args, kw = varlen_call(q, q, q, bounds, 13, scale=0.25, causal=False, kernel=_old_kernel)
+    assert args[1] is q and kw == {"scale": 0.25, "window_size": (-1, -1)}
+
+
+def _oldest_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal=False, return_aux=None):
+    """An older surface still: ``is_causal`` instead of ``window_size``, no ``scale`` (1/sqrt(d) inside)."""
+    return _old_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                       window_size=(-1, 0) if is_causal else (-1, -1))
+
+
+def test_a_kernel_without_window_size_or_scale_gets_is_causal_and_a_prescaled_query():
+    g = torch.Generator().manual_seed(2)
+    bounds = torch.tensor([0, 4, 11], dtype=torch.int32)
+    q, k, v = (torch.randn(11, h, 16, generator=g) for h in (4, 1, 1))
+    args, kw = varlen_call(q, k, v, bounds, 7, scale=0.1, causal=True, kernel=_oldest_kernel)
+    assert kw == {"is_causal": True}
+    want_args, want_kw = varlen_call(q, k, v, bounds, 7, scale=0.1, causal=True, kernel=_new_kernel)
+    torch.testing.assert_close(_oldest_kernel(*args, **kw), _new_kernel(*want_args, **want_kw))

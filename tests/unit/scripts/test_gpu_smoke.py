@@ -17,12 +17,14 @@ SH = REPO / "scripts" / "gpu_smoke.sh"
 PY = REPO / "scripts" / "gpu_smoke.py"
 PARTS_PY = REPO / "scripts" / "gpu_smoke_parts.py"
 PARTS = ["install", "nccl", "train", "convert_h2m", "convert_m2h", "logprobs", "lp_bf16", "ipc", "sleep",
-         "mismatch", "varlen"]
+         "mismatch", "varlen", "disagg"]
 WINDOW_S = 360  # the lent machine: 15 minutes for its start, one run and a rerun
 
 
 def _env() -> dict:
-    return {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    # no wheels folder: what runs does not depend on whether someone ran --fetch-wheels in this checkout
+    return {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "",
+            "SMOKE_WHEELS": str(REPO / "scripts" / "no-wheels")}
 
 
 def _py(*args: str, timeout: int = 300, script: Path = PY) -> subprocess.CompletedProcess:
@@ -50,6 +52,9 @@ def test_only_runs_the_named_parts_and_rejects_unknown_ones():
     assert out.returncode == 0 and planned == ["ipc", "sleep"], out.stdout + out.stderr
     # the dry run shows each part's enforced limit (here the GPU one: x1)
     assert "[ipc] (timeout 30s)" in out.stdout
+    both = _sh("--dry-run", "--only", "disagg")  # both processes on GPU 0, two pools, built-in engine
+    assert "CUDA_VISIBLE_DEVICES=0" in both.stdout and "--nproc-per-node 2" in both.stdout
+    assert "rollout.placement=disaggregated" in both.stdout and "rollout.engine_ranks=1" in both.stdout
     bad = _sh("--dry-run", "--only", "ipc,nope")
     assert bad.returncode == 2 and "unknown part 'nope'" in bad.stderr
 
@@ -128,6 +133,75 @@ def test_logprobs_part_on_cpu_matches_naive():
 def _metrics(run: Path, recs: list[dict]) -> None:
     run.mkdir(parents=True, exist_ok=True)
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_check_train_pools_wants_finite_figures_and_a_sync_every_step(tmp_path):
+    """A disaggregated run's metrics (the training pool's): no generate/grade memory there, a zero gradient
+    allowed (the part checks that the job finishes), a sync that moved bytes required."""
+    rec = {"step": 0, "actor/loss": 0.0, "actor/grad_norm": 0.0, "time/step": 1.0, "reward/mean": -2.0,
+           "sync/gb_per_s": 0.05, **{f"memory/{p}_{k}_gb": 0.3 for p in ("old_logprobs", "train", "sync")
+                                     for k in ("peak_rss", "rss")}}
+    _metrics(tmp_path / "ok", [rec, {**rec, "step": 1, "actor/grad_norm": 1.2}])
+    out = _py("check-train", str(tmp_path / "ok"), "--steps", "2", "--pools", "--cpu")
+    assert out.returncode == 0 and "SMOKE disagg: steps=2" in out.stdout, out.stdout + out.stderr
+    assert _py("check-train", str(tmp_path / "ok"), "--steps", "2", "--cpu").returncode == 1  # colocated rules
+    _metrics(tmp_path / "nosync", [rec, {**rec, "step": 1, "sync/gb_per_s": 0.0}])
+    bad = _py("check-train", str(tmp_path / "nosync"), "--steps", "2", "--pools", "--cpu")
+    assert bad.returncode == 1 and "sync/gb_per_s=0.0" in bad.stdout
+    _metrics(tmp_path / "nan", [rec, {**rec, "step": 1, "actor/grad_norm": float("nan")}])
+    assert _py("check-train", str(tmp_path / "nan"), "--steps", "2", "--pools", "--cpu").returncode == 1
+
+
+def _script_array(name: str) -> list[str]:
+    """A bash array of gpu_smoke.sh, e.g. ``CARRIED=(a b\n c)``."""
+    text = SH.read_text()
+    body = text[text.index(f"\n{name}=(") + len(name) + 3:]
+    return body[:body.index(")")].split()
+
+
+def test_every_requirement_of_the_project_and_the_carried_wheels_is_carried_or_on_the_target():
+    """Re-read from the installed metadata: what the project and each carried wheel require (no extras) is
+    carried, on the target's list, or required by something on that list (e.g. packaging by transformers)."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name as canon
+
+    def needs(dist: str) -> set[str]:
+        reqs = [Requirement(r) for r in md.distribution(dist).requires or []]
+        return {canon(r.name) for r in reqs
+                if r.marker is None or r.marker.evaluate({"extra": "", "python_version": "3.12"})}
+
+    carried = {canon(c.split("==")[0]) for c in _script_array("CARRIED")}
+    target = {canon(t) for t in _script_array("TARGET_HAS")}
+    assert {"megatron-core", "math-verify", "latex2sympy2-extended", "antlr4-python3-runtime"} <= carried
+    closure, todo = set(target), list(target)
+    while todo:  # what the target's own packages pulled in is there too
+        for n in needs(todo.pop()) - closure:
+            closure.add(n)
+            todo.append(n)
+    missing = {d: needs(d) - carried - closure for d in ["megatron-maspo", *sorted(carried)]}
+    assert not any(missing.values()), missing
+    # megatron-core declares packaging>=24.2, more than transformers asks of the image: carried
+    assert "packaging" in needs("megatron-core") and "packaging" in carried
+
+
+def test_install_skips_a_wheel_for_another_python_in_the_rehearsal_only(tmp_path):
+    """The cp312 megatron-core on this machine's Python: the --cpu rehearsal names it and uses this
+    environment (``--cpu --only ipc`` used to fail here); on the target the part fails."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "faraway-1.0-cp399-cp399-manylinux_2_28_x86_64.whl").write_bytes(b"never opened")
+    env = {**_env(), "SMOKE_WHEELS": str(wheels), "SMOKE_DIR": str(tmp_path / "gpu")}
+    gpu = subprocess.run(["bash", str(SH), "--only", "install"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert gpu.returncode == 1 and "the target must install every wheel" in gpu.stderr, gpu.stdout + gpu.stderr
+    env["SMOKE_DIR"] = str(tmp_path / "cpu")
+    cpu = subprocess.run(["bash", str(SH), "--cpu", "--only", "install"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    row = next(line for line in cpu.stdout.splitlines() if line.startswith("install "))
+    assert cpu.returncode == 0 and " PASS " in row, cpu.stdout + cpu.stderr
+    assert "skipped (not for this Python): faraway-1.0; project from checkout" in row
 
 
 def test_check_train_passes_a_complete_run_and_fails_on_gaps(tmp_path):
