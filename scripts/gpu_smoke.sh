@@ -18,7 +18,7 @@
 #   mismatch     trainer (Megatron) vs engine (transformers) log-probs of the same sampled tokens (tolerance)
 #   varlen       model.attention_backend='varlen' (one varlen flash call per layer) vs packed_sdpa logits
 #                (skipped with --cpu: the kernel is CUDA only). Kernel alone: python scripts/gpu_smoke.py varlen
-#   disagg       `maspo train` with rollout.placement=disaggregated under torchrun, 2 processes on the one
+#   disagg       `maspo train` with rollout.placement=disaggregated, two torchrun agents (one process each) on the one
 #                GPU (CUDA_VISIBLE_DEVICES=0 for both: a one-rank training pool, a one-rank rollout pool
 #                with the built-in engine, weights bridge staged on the host), 2 steps at k = 1; checks
 #                metrics.jsonl: finite loss, gradient norm and reward, bytes synced every step
@@ -247,20 +247,26 @@ run_part sleep "$PY" "$PARTS_PY" sleep $CPU_FLAG
 run_part mismatch "$PY" "$PARTS_PY" mismatch $CPU_FLAG
 run_part varlen "$PY" "$PARTS_PY" varlen $CPU_FLAG
 # disagg: rollout.placement=disaggregated on the one GPU: a one-rank training pool and a one-rank rollout
-# pool (built-in engine), two processes. Both see GPU 0 (CUDA_VISIBLE_DEVICES=0, so LOCAL_RANK 1 has no GPU
-# of its own): the product then puts both ranks on that device, and the weights bridge, whose two members
-# share it, stages buckets on the host (gloo): NCCL refuses two ranks on one GPU. It exercises the weight
-# receiver loop and the wait for the first sync on real CUDA streams (issue 43, A and C); not the pools'
-# backends or a GPU-to-GPU sync (B, D), which need two GPUs. k = 1, so generation overlaps training.
-run_part disagg bash -c "CUDA_VISIBLE_DEVICES=$DISAGG_GPUS \"$PY\" -m torch.distributed.run --standalone \
-  --nproc-per-node 2 -m megatron_maspo.cli.main train --recipe tiny --set rollout.placement=disaggregated \
+# pool (built-in engine), two processes, both on GPU 0. Launched as two torchrun agents (--nnodes 2, one
+# process each) on this host, so each is LOCAL_RANK 0 of a one-GPU "node" (one torchrun with two processes
+# would give the second LOCAL_RANK 1, which has no GPU and is refused). The weights bridge's two members
+# then share a GPU, which the bridge detects (comm.gpu_identity): NCCL refuses that, so it is gloo with host
+# buckets. It exercises the weight receiver loop and the wait for the first sync on real CUDA streams
+# (issue 43, A and C); not the pools' backends or a GPU-to-GPU sync (B, D), which need two GPUs. k = 1, so
+# generation overlaps training.
+DISAGG_PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+DISAGG_TRAIN="-m megatron_maspo.cli.main train --recipe tiny --set rollout.placement=disaggregated \
   --set rollout.engine_ranks=1 --set rollout.max_staleness=1 --set loss.tis_cap=2.0 --set model.bf16=$BF16 \
   --set train.steps=2 --set train.sft_steps=40 --set model.tiny_num_layers=1 --set model.tiny_hidden_size=64 \
   --set train.prompts_per_step=4 --set rollout.group_size=4 --set rollout.max_new_tokens=8 \
   --set train.overlong_buffer=4 --set data.num_examples=32 --set train.max_tokens_per_micro_batch=256 \
   --set reward.num_workers=1 --set checkpoint.save_every=0 --set checkpoint.run_dir=$WORK/disagg \
-  --set logging.tensorboard=false --set logging.plots=false --set logging.progress=false \
-  && \"$PY\" \"$SMOKE\" check-train $WORK/disagg --steps 2 --pools $CPU_FLAG"
+  --set logging.tensorboard=false --set logging.plots=false --set logging.progress=false"
+DISAGG_AGENT="CUDA_VISIBLE_DEVICES=$DISAGG_GPUS \"$PY\" -m torch.distributed.run --nnodes 2 --nproc-per-node 1 \
+  --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:$DISAGG_PORT"
+run_part disagg bash -c "$DISAGG_AGENT --node-rank 1 $DISAGG_TRAIN > $WORK/disagg_agent1.log 2>&1 & a1=\$!; \
+  $DISAGG_AGENT --node-rank 0 $DISAGG_TRAIN; rc=\$?; wait \$a1; rc1=\$?; cat $WORK/disagg_agent1.log; \
+  [ \$rc = 0 ] && [ \$rc1 = 0 ] && \"$PY\" \"$SMOKE\" check-train $WORK/disagg --steps 2 --pools $CPU_FLAG"
 
 echo
 echo "gpu_smoke summary ($MODE mode; logs in $WORK)"

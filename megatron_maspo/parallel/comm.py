@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_maspo.parallel import gpu_emulation as _emu
+from megatron_maspo.parallel import group_plan
 from megatron_maspo.parallel.device import on_cuda
 
 ReduceOp = dist.ReduceOp
@@ -205,7 +206,8 @@ def _record_default_group(name: str) -> None:
     """Under the emulation: the default group is NCCL on GPUs (Megatron's groups inherit it)."""
     if _emu.active():
         pg = dist.distributed_c10d._get_default_group()
-        _emu.record_group(pg, "nccl", f"the {name} default group", tuple(dist.get_process_group_ranks(pg)))
+        backend = group_plan.gpu_backend(carries_device=True, members_share_a_gpu=False)
+        _emu.record_group(pg, backend, f"the {name} default group", tuple(dist.get_process_group_ranks(pg)))
 
 
 def _device_types(group: Any) -> set[str]:
@@ -421,8 +423,9 @@ class Bridge:
         prefixed = dist.PrefixStore(f"maspo/bridge/{name}", store)
         timeout = datetime.timedelta(seconds=timeout_s)
         shared = device and _members_share_a_gpu(prefixed, self.index, len(ranks))
-        self.gpu_backend = "nccl" if device and not shared else "gloo"
-        """The backend this bridge has on GPUs (also recorded by the emulation)."""
+        self.gpu_backend = group_plan.gpu_backend(carries_device=device, members_share_a_gpu=shared)
+        """The backend this bridge has on GPUs (``maspo check`` plans it with the same rule; the emulation
+        records it)."""
         self.on_device = device and not shared
         """Whether tensors travel in device memory (staged there if given on the host)."""
         if self.gpu_backend == "nccl" and on_cuda():
