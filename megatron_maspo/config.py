@@ -18,6 +18,7 @@ from megatron_maspo.model.config import ModelConfig
 from megatron_maspo.overrides import from_dict, to_dict
 from megatron_maspo.parallel.config import ParallelConfig
 from megatron_maspo.reward.config import RewardConfig
+from megatron_maspo.rollout import engines
 from megatron_maspo.rollout.config import RolloutConfig
 from megatron_maspo.train.config import CheckpointConfig, LoggingConfig, OptimConfig, TrainConfig
 
@@ -52,11 +53,9 @@ def _check_moe_cross_section(cfg: MaspoConfig) -> None:
         ValueError: naming both keys and the reason.
     """
     m = cfg.model
-    if m.routing_replay != "off" and cfg.rollout.engine == "vllm":
-        raise ValueError(
-            f"model.routing_replay={m.routing_replay!r} with rollout.engine='vllm': the vLLM adapter does "
-            "not return routed experts yet (vLLM's enable_return_routed_experts is not wired; docs/moe.md);"
-            " use rollout.engine='builtin' or model.routing_replay='off'")
+    refusal = engines.routing_replay_refusal(cfg.rollout) if m.routing_replay != "off" else None
+    if refusal:
+        raise ValueError(f"model.routing_replay={m.routing_replay!r}: {refusal} (docs/moe.md)")
     if m.routing_replay == "old_logprobs" and cfg.train.check_first_ratio:
         raise ValueError("model.routing_replay='old_logprobs' with train.check_first_ratio=true: the "
                          "training forward routes on its own, so the first ratio is not 1 by design; "

@@ -18,6 +18,8 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
+from megatron_maspo.rollout import engines
+
 if TYPE_CHECKING:
     import torch
 
@@ -128,8 +130,9 @@ def moe_plan_reasons(model: Any, rollout: Any, spec: Any, ep: int) -> list[str]:
     if m.moe_dispatcher == "allgather" and ep > 8:
         out.append(f"model.moe_dispatcher='allgather' at ep={ep}: every EP rank gathers all {ep} ranks' "
                    "tokens (activation memory and traffic grow with EP); use 'alltoall'")
-    if m.routing_replay != "off" and rollout.engine == "vllm":
-        out.append("model.routing_replay needs rollout.engine='builtin' (vLLM routed experts not wired)")
+    refusal = engines.routing_replay_refusal(rollout) if m.routing_replay != "off" else None
+    if refusal:
+        out.append(f"model.routing_replay: {refusal}")
     return out
 
 

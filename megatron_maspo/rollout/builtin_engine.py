@@ -51,6 +51,19 @@ class BuiltinEngine:
         self._recorder: RoutingRecorder | None = None  # gate hooks, attached on first use
 
     @classmethod
+    def from_settings(cls, rollout: Any, model: Any, spec: Any, *, seed: int, deterministic: bool = True,
+                      gpus: tuple[int, ...] | None = None, colocated: bool = True) -> BuiltinEngine:
+        """Engine for a run (``rollout/engines.py::build_engine``): random weights in ``model``'s dtype on
+        ``gpus[0]`` (the current device without ``gpus``); the first sync fills them. Samples with one
+        generator per (prompt, sample) whatever ``deterministic`` says; never sleeps unless told to, so
+        ``colocated`` changes nothing here."""
+        from megatron_maspo.model.hf_config import hf_config_dict
+
+        engine = cls.from_hf_config(hf_config_dict(spec), dtype=model.torch_dtype, device=engine_device(gpus))
+        engine.record_routing = model.routing_replay != "off"  # MoE routing replay
+        return engine
+
+    @classmethod
     def from_hf_config(cls, config: dict | Any, *, dtype: torch.dtype = torch.float32,
                        device: torch.device | str | None = None) -> BuiltinEngine:
         """An engine with randomly initialised weights (like vLLM's ``load_format="dummy"``): sync before use.
@@ -118,6 +131,17 @@ class BuiltinEngine:
         self._version += 1
         self._sleeping.discard("weights")  # the KV cache wakes separately (wake_up(["kv_cache"]) or generate)
         self._asleep = 0 if not self._sleeping else self._asleep
+
+    def bucket_pool(self, bucket_bytes: int) -> None:
+        """None: a sync packs fresh buffers (the engine copies each tensor into its parameters)."""
+        return None
+
+    def staging_pool(self) -> None:
+        """None: a rollout-pool owner receives buckets into plain buffers on :attr:`device`."""
+        return None
+
+    def shutdown(self) -> None:
+        """Nothing to stop: the engine lives in this process."""
 
     def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
         """Verify each bucket's checksum, then :meth:`load_weights` from zero-copy views of its buffer

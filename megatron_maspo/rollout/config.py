@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ENGINES = ("builtin", "vllm")
+from megatron_maspo.rollout import engines as _engines
+
+ENGINES = tuple(_engines.ENGINES)
 TRANSPORTS = ("ipc", "bytes")
 PLACEMENTS = ("colocated", "disaggregated")
 
@@ -117,8 +119,8 @@ class RolloutConfig:
 
     @property
     def engine_tp(self) -> int:
-        """GPUs per engine: ``vllm_tp`` for vLLM, 1 for the built-in engine."""
-        return self.vllm_tp if self.engine == "vllm" else 1
+        """GPUs per engine (``rollout/engines.py``: ``vllm_tp`` for vLLM, 1 for the built-in engine)."""
+        return _engines.engine_tp(self)
 
     @property
     def disaggregated(self) -> bool:

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from megatron_maspo.parallel.device import on_cuda
+from megatron_maspo.rollout.engines import engine_tp
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,16 +241,11 @@ def cuda_visible_devices(gpus: Sequence[int], parent: str | None = None) -> str:
     return ",".join(ids[g] for g in gpus)
 
 
-def rollout_tp_of(rollout_cfg) -> int:
-    """GPUs per engine for a ``RolloutConfig``: ``vllm_tp`` for vLLM, 1 for the single-device built-in engine."""
-    return rollout_cfg.vllm_tp if rollout_cfg.engine == "vllm" else 1
-
-
 def build_fleet(parallel, rollout, world: int | None = None) -> FleetLayout:
     """The layout for a run's ``parallel`` and ``rollout`` sections on ``world`` processes (default
     ``parallel.world_size``)."""
     p = parallel
-    return FleetLayout(world=p.world_size if world is None else world, rollout_tp=rollout_tp_of(rollout),
+    return FleetLayout(world=p.world_size if world is None else world, rollout_tp=engine_tp(rollout),
                        tp=p.tp, pp=p.pp, ep=p.ep, cp=p.cp)
 
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megatron_maspo.rollout.engines import engine_tp
 from megatron_maspo.rollout.fleet import (
     EnginePlacement,
     FleetLayout,
     check_placement,
-    rollout_tp_of,
 )
 
 TRAIN, ROLLOUT = "train", "rollout"
@@ -138,5 +138,5 @@ def build_pools(parallel, rollout, world: int) -> PoolLayout | None:
     if rollout.placement != "disaggregated":
         return None
     p = parallel
-    return PoolLayout(world=world, engine_ranks=rollout.engine_ranks, rollout_tp=rollout_tp_of(rollout),
+    return PoolLayout(world=world, engine_ranks=rollout.engine_ranks, rollout_tp=engine_tp(rollout),
                       tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep)

@@ -23,8 +23,9 @@ SHM_PATH = "/dev/shm"
 
 def uses_shm(rollout) -> bool:
     """True when the job's engine owners stage syncs in host shared memory (``rollout`` section)."""
-    return (rollout.placement == "disaggregated" and rollout.engine == "vllm"
-            and rollout.weight_transport == "ipc")
+    from megatron_maspo.rollout.engines import stages_in_shared_memory
+
+    return stages_in_shared_memory(rollout)
 
 
 def staging_bytes(sync_bytes: int, owners_on_node: int) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -69,8 +69,34 @@ class Completion:
 
 
 @runtime_checkable
-class Engine(Protocol):
-    """A rollout engine: generates from token ids and accepts new weights by HF checkpoint name."""
+class WeightSink(Protocol):
+    """What a weight sync loads into (``rollout/weight_sync.py::sync_weights``): an engine, or the
+    disaggregated sender that forwards each bucket to the rollout pool (``pool_sync.WeightSender``)."""
+
+    def bucket_pool(self, bucket_bytes: int) -> Any:
+        """Reusable buffers the sync packs into (a ``transport.BucketPool``: packing bucket k+1 overlaps
+        loading bucket k, and buffers are shared without copies), or None for fresh host buffers."""
+        ...
+
+    def load_buckets(self, buckets: Iterable[Any], *, verify: bool = True) -> None:
+        """Consume one sync's buckets (``buckets.Bucket``) in stream order; ``verify``: check each crc32."""
+        ...
+
+    @property
+    def policy_version(self) -> int:
+        """Syncs completed (0 = the initial weights)."""
+        ...
+
+
+@runtime_checkable
+class Engine(WeightSink, Protocol):
+    """A rollout engine: generates from token ids and accepts new weights by HF checkpoint name or as
+    packed buckets (:class:`WeightSink`). Its traits (TP, in-flight updates, routing replay, how its
+    workers receive weights) are in ``rollout/engines.py``, not on the instance.
+    """
+
+    device: Any
+    """Where buckets for this engine are received in a disaggregated rollout pool (a ``torch.device``)."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, *,
                  progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
@@ -97,7 +123,11 @@ class Engine(Protocol):
         (``train/actor/offload.py::STEP_PHASES``); ``generate`` wakes whatever is still asleep."""
         ...
 
-    @property
-    def policy_version(self) -> int:
-        """Number of completed weight loads (0 = the initial weights)."""
+    def staging_pool(self) -> Any:
+        """Where a rollout-pool owner receives each bucket for this engine (a ``transport.StagingPool``
+        of host shared memory that its workers map), or None for plain buffers on :attr:`device`."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the engine's processes now (no-op for an in-process engine)."""
         ...

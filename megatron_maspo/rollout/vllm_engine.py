@@ -214,22 +214,27 @@ class VllmEngine:
         self.last_received_crc: dict[str, int] = {}
         """``{hf_name: crc32}`` of the tensors the workers received in the last sync (first worker)."""
 
+    device = torch.device("cpu")
+    """Where a rollout-pool owner receives buckets for this engine: the host (relayed to the workers by
+    ``weight_transport``; with ``ipc`` into :meth:`staging_pool`'s shared memory)."""
+
     @classmethod
-    def from_settings(cls, rollout: Any, spec: Any, *, dtype_name: str, seed: int,
-                      gpus: Sequence[int] | None = None, seed_per_request: bool = True,
-                      sleep_mode: bool = True) -> VllmEngine:
-        """Engine for a run: dummy weights (the first sync fills them), settings from ``rollout``.
+    def from_settings(cls, rollout: Any, model: Any, spec: Any, *, seed: int, deterministic: bool = True,
+                      gpus: Sequence[int] | None = None, colocated: bool = True) -> VllmEngine:
+        """Engine for a run: dummy weights (the first sync fills them), settings from ``rollout``
+        (``rollout/engines.py::build_engine``).
 
         Args:
             rollout: the run's ``RolloutConfig`` (vLLM TP, memory, KV cache, transport).
+            model: the ``model`` section (the engine's dtype follows the trainer's ``model.dtype_name``).
             spec: the ``ArchSpec``; its HF ``config.json`` is written to a fresh temporary directory.
-            dtype_name: ``model.dtype_name`` (the engine's dtype follows the trainer's).
             seed: ``train.seed``.
+            deterministic: ``train.deterministic``: one seed per request from the global prompt index
+                (reproducible, but vLLM then samples request by request; see the class).
             gpus: the engine's node-local GPUs (``rollout.fleet.owner_gpus``); see the class.
-            seed_per_request: ``train.deterministic`` (one seed per request from the global prompt index:
-                reproducible, but vLLM then samples request by request; see the class).
-            sleep_mode: False in the disaggregated rollout pool (see the class).
+            colocated: False in the disaggregated rollout pool: no sleep mode (see the class).
         """
+        dtype_name, seed_per_request, sleep_mode = model.dtype_name, deterministic, colocated
         import json
         import tempfile
 

@@ -7,9 +7,9 @@ EP gather and PP broadcast, slices vocab padding and yields the tied embedding o
 the bucket generator lazily, so at most one bucket plus one mapping's tensors are alive at a time, and the
 export plan and bucket layout are rebuilt on every call (no stale plans, weight-sync-notes.md §1).
 
-Engines that implement ``load_buckets(buckets, verify=...)`` (built-in, vLLM) receive the packed buckets and
-verify the per-bucket crc32 on their side; any other :class:`~.types.Engine` gets ``load_weights`` of
-unpacked views.
+The destination is a :class:`~.types.WeightSink` (an engine, or the disaggregated sender): it receives the
+packed buckets with ``load_buckets(buckets, verify=...)`` and verifies the per-bucket crc32 on its side;
+its ``bucket_pool`` says whether the sync packs into reusable buffers it supplies.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import torch.distributed as dist
 from megatron_maspo.conversion.megatron_to_hf import export_hf_weights
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.groups import ParallelGroups
-from megatron_maspo.rollout.buckets import Bucket, pack_buckets, unpack_stream
-from megatron_maspo.rollout.types import Engine
+from megatron_maspo.rollout.buckets import Bucket, pack_buckets
+from megatron_maspo.rollout.types import WeightSink
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def joins_export(groups: ParallelGroups, sender_rank: int | Sequence[int] = 0) -
     return bool(_ranks(sender_rank) & set(dist.get_process_group_ranks(groups.mp_group)))
 
 
-def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: ParallelGroups, engine: Engine | None,
+def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: ParallelGroups, sink: WeightSink | None,
                  *, bucket_bytes: int, dtype: torch.dtype | None = None, verify_checksums: bool | None = True,
                  sender_rank: int | Sequence[int] = 0) -> SyncStats:
     """Push the current Megatron weights into every engine; collective over the replicas that feed one.
@@ -91,7 +91,8 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
         chunks: this rank's ``GPTModel`` chunks.
         spec: the architecture the chunks were built from.
         groups: this rank's parallel groups.
-        engine: the rollout engine on a sender rank; ignored (may be None) on the others.
+        sink: what the sender rank loads into (its engine, or the disaggregated sender); ignored (may be
+            None) on the others.
         bucket_bytes: bucket capacity; a larger tensor is split across buckets and reassembled by the
             engine (``buckets.Reassembler``).
         dtype: rollout dtype; tensors are cast on their owning stage before any broadcast.
@@ -115,11 +116,12 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
         for _ in stream:  # lockstep: our collectives feed the sender's gathers and broadcasts
             pass
         return stats
-    if engine is None:
-        raise ValueError(f"sync_weights: engine is None on the sender rank {dist.get_rank()}")
+    if sink is None:
+        raise ValueError(f"sync_weights: no weight sink on the sender rank {dist.get_rank()}")
     start = time.perf_counter()
-    # An engine in another process that maps our buffers (vLLM, ipc) supplies a double-buffered pool.
-    pool = engine.bucket_pool(bucket_bytes) if hasattr(engine, "bucket_pool") else None
+    # A sink that maps our buffers (vLLM, ipc) or sends them GPU to GPU (the disaggregated sender)
+    # supplies a double-buffered pool; None = fresh host buffers.
+    pool = sink.bucket_pool(bucket_bytes)
     if verify_checksums is None:
         verify_checksums = checksums_default(shared=pool is not None)
     buckets = _counted(pack_buckets(stream, bucket_bytes, with_checksum=verify_checksums, alloc=pool), stats)
@@ -127,12 +129,8 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
         from megatron_maspo.rollout.transport import prefetch
 
         buckets = prefetch(buckets, on_drop=Bucket.done)  # pack bucket k+1 while the engine loads k
-    load_buckets = getattr(engine, "load_buckets", None)
     try:
-        if load_buckets is not None:
-            load_buckets(buckets, verify=verify_checksums)
-        else:
-            engine.load_weights(unpack_stream(buckets, verify=verify_checksums))
+        sink.load_buckets(buckets, verify=verify_checksums)
     except Exception:
         # Finish our side of the export's collectives so the other ranks return instead of hanging,
         # then surface the error on the sender.

@@ -50,9 +50,8 @@ from megatron_maspo.train.actor.samples import Sample
 from megatron_maspo.train.components import (
     build_actor,
     build_policy_source,
-    build_remote_side,
-    build_rollout_side,
-    run_rollout_pool,
+    build_rollout_source,
+    serve_rollout_pool,
 )
 from megatron_maspo.train.config import CHECKPOINT_SUBDIR
 from megatron_maspo.train.eval_hook import TrainingEval
@@ -120,18 +119,18 @@ class Trainer:
         # Weight versions count syncs: the initial one, then one per step. A resumed run's fresh engine
         # counts from 0 again, so its tags are offset by the steps already done.
         self.version = self.step
+        fleet = None
         if pools is not None:  # the engines live in the rollout pool: nothing to take turns with here
             self.colocation = Colocation(self.actor.offloader)
-            self.rollouts = build_remote_side(cfg, pools, state=state, version_offset=self.step)
         else:
             fleet = build_fleet(cfg.parallel, cfg.rollout, world)  # the same object the planner reads
             # the colocation phase order (train/actor/offload.py::STEP_PHASES): the engine starts, sleeps
             # and wakes around the trainer's offload, so its KV cache can use the trainer's memory
             self.colocation = build_colocation(self.actor.offloader, cfg.rollout, fleet)
-            self.rollouts = build_rollout_side(cfg, rank=self.rank, fleet=fleet, spec=self.spec,
-                                               tokenizer=self.tokenizer, examples=examples, state=state,
-                                               version_offset=self.step, meters=self.meters,
-                                               start_engine=self.colocation.start_engine)
+        self.rollouts = build_rollout_source(cfg, pools=pools, rank=self.rank, fleet=fleet, spec=self.spec,
+                                             tokenizer=self.tokenizer, examples=examples, state=state,
+                                             version_offset=self.step, meters=self.meters,
+                                             start_engine=self.colocation.start_engine)
         if self.rank == 0:
             logger.info("rollout fleet: %s", self.rollouts.describe(cfg.train.prompts_per_step))
         self.sft_done = bool(state.get("sft_done", False))
@@ -207,7 +206,7 @@ class Trainer:
         with self.meters.memory.phase("sync"):
             self.colocation.prepare_sync()  # engine weights back; its KV cache waits for the offload
             stats = sync_weights(self.actor.named_modules_unwrapped(), self.spec, self.groups,
-                                 self.rollouts.engine, bucket_bytes=bucket_bytes_from_mb(rc.bucket_mb),
+                                 self.rollouts.weight_sink, bucket_bytes=bucket_bytes_from_mb(rc.bucket_mb),
                                  dtype=dtype, verify_checksums=rc.verify_checksums,
                                  sender_rank=self.rollouts.sender_ranks)
         self.version += 1
@@ -324,7 +323,7 @@ def train(cfg: MaspoConfig, *, resume: bool = False) -> Path:
                  if cfg.rollout.disaggregated else None)
         try:
             if pools is not None and pools.is_rollout:
-                run_rollout_pool(cfg, pools)  # the engines' side of a disaggregated job
+                serve_rollout_pool(cfg, pools)  # the engines' side of a disaggregated job
                 run_dir = Path(cfg.checkpoint.run_dir)
             else:
                 run_dir = Trainer(cfg, resume=resume, pools=pools).run()

@@ -75,6 +75,10 @@ class _Corrupting:
 
     def __init__(self, engine, which: int):
         self.engine, self.which = engine, which
+        self.policy_version = 0
+
+    def bucket_pool(self, bucket_bytes):
+        return None
 
     def load_buckets(self, buckets, verify=True):
         def flip(bs):

@@ -107,6 +107,38 @@ def test_gpu_emulation_stays_under_parallel(modules):
     assert not bad, bad
 
 
+ENGINE_NAMES = {"builtin", "vllm"}
+
+
+def _names_an_engine(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value in ENGINE_NAMES or (
+        isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_names_an_engine(e) for e in node.elts))
+
+
+def test_engine_identity_lives_in_one_file(modules):
+    """Outside ``rollout/engines.py`` nothing compares an engine's name with a string (``==``, ``!=``, ``in``,
+    ``match``): the rest asks a trait. And nothing probes an engine or weight sink with getattr/hasattr:
+    the ``Engine`` / ``WeightSink`` Protocols say what they have."""
+    bad = []
+    for f, tree in modules:
+        rel = "/".join(f.relative_to(PKG).parts)
+        for node in ast.walk(tree):
+            if rel != "rollout/engines.py":
+                if isinstance(node, ast.Compare) and "engine" in ast.unparse(node) and \
+                        any(_names_an_engine(x) for x in (node.left, *node.comparators)):
+                    bad.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+                if isinstance(node, ast.Match) and "engine" in ast.unparse(node.subject) and any(
+                        isinstance(c.pattern, ast.MatchValue) and _names_an_engine(c.pattern.value)
+                        for c in node.cases):
+                    bad.append(f"{rel}:{node.lineno}: match on an engine name")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                    node.func.id in ("getattr", "hasattr") and node.args:
+                target = ast.unparse(node.args[0]).split(".")[-1]
+                if target in ("engine", "sink", "weight_sink"):
+                    bad.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert not bad, bad
+
+
 def test_only_builders_take_the_root_config_under_train(modules):
     takers = []
     for f, tree in modules:

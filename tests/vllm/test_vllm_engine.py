@@ -35,6 +35,10 @@ class _Recorder:
 
     def __init__(self):
         self.buckets = []
+        self.policy_version = 0
+
+    def bucket_pool(self, bucket_bytes):
+        return None  # fresh host buffers, as for any sink that does not map them
 
     def load_buckets(self, buckets, verify=True):
         for b in buckets:

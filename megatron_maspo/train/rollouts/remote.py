@@ -10,7 +10,7 @@ fork:
                        rollout/engine_busy_s, time/wait_rollout and, with in-flight updates, the spread
                        of versions inside responses
     state()            prompt order, grader totals and the batches received ahead (checkpoint)
-    engine             the sync's destination on trainer rank 0: a WeightSender over the bridge
+    weight_sink        the sync's destination on trainer rank 0: a WeightSender over the bridges
     close(clean)       on a clean stop, receive the batch the schedule let the engines start, then stop them
 
 Every trainer rank receives every batch (one broadcast over the ``batches`` bridge), as every rank of a
@@ -28,9 +28,9 @@ from megatron_maspo.rollout.pools import PoolLayout
 from megatron_maspo.train.actor.samples import Sample
 from megatron_maspo.train.config import TrainConfig
 from megatron_maspo.train.rollouts.groups import PromptGroup, RolloutBatch
-from megatron_maspo.train.rollouts.shard import EngineRound, reward_totals
-from megatron_maspo.train.rollouts.side import rollout_metrics
-from megatron_maspo.train.rollouts.staleness import StalenessQueue, staleness_metrics
+from megatron_maspo.train.rollouts.shard import EngineRound
+from megatron_maspo.train.rollouts.side import step_metrics
+from megatron_maspo.train.rollouts.staleness import StalenessQueue
 
 
 class RemoteRolloutSide:
@@ -71,7 +71,8 @@ class RemoteRolloutSide:
                                       **self.order_state}, 1)
 
     @property
-    def engine(self):
+    def weight_sink(self) -> WeightSender | None:
+        """Trainer rank 0's sender to the rollout pool (the sync's sink), None on the other ranks."""
         return self.sender
 
     def describe(self, num_prompts: int) -> str:
@@ -111,13 +112,9 @@ class RemoteRolloutSide:
         self._receive_through(self.steps_done - 1 + self.k)
         msgs, self._uncounted = self._uncounted, []
         rounds: list[EngineRound] = [r for m in msgs for r in m["rounds"]]
-        out = rollout_metrics(self._seen, rounds, dropped=self._dropped, num_engines=self.fleet.num_engines,
-                              max_new_tokens=self.rollout.max_new_tokens)
-        if self.k > 0:
-            out.update(staleness_metrics(samples, trained_version, self.k))
-        for k, v in reward_totals(rounds).items():
-            self.reward_totals[k] = self.reward_totals.get(k, 0) + v
-        out.update({f"reward/{k}_total": float(v) for k, v in self.reward_totals.items()})
+        out = step_metrics(self._seen, rounds, dropped=self._dropped, fleet=self.fleet, rollout=self.rollout,
+                           totals=self.reward_totals,
+                           staleness=(samples, trained_version) if self.k > 0 else None)
         out["rollout/engine_busy_s"] = sum(m["busy_s"] for m in msgs)
         out["time/wait_rollout"] = self._wait
         if self.rollout.in_flight_updates:

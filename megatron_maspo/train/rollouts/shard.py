@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_maspo.parallel import comm
+from megatron_maspo.rollout import engines
 from megatron_maspo.rollout.config import RolloutConfig
 from megatron_maspo.rollout.fleet import FleetLayout
 from megatron_maspo.rollout.partial import generate_partial
@@ -102,7 +103,7 @@ class EngineShard:
         with self.meters.phase("generate", n_seq, "seq") as advance:
             if self.between_steps is None:
                 comps = self.engine.generate(prompts, params, progress=advance)
-            elif getattr(self.engine, "takes_weights_between_steps", False):  # the built-in engine
+            elif engines.traits(rc).takes_weights_between_steps:  # the built-in engine
                 comps = self.engine.generate(prompts, params, progress=advance, on_step=self.between_steps)
             else:  # a blocking generate (vLLM): partial rollouts, the update lands between chunks
                 comps = generate_partial(self.engine, prompts, params, chunk_tokens=rc.chunk_tokens,
@@ -125,6 +126,18 @@ class EngineShard:
     def close(self) -> None:
         """Stop the grader's worker pool."""
         self.grader.close()
+
+
+def make_shard(engine: Any, *, engine_id: int, fleet: FleetLayout, tokenizer: Any, examples: list,
+               rollout: RolloutConfig, train: Any, reward: Any, version_offset: int, meters: PhaseMeters,
+               ) -> EngineShard:
+    """The one place an :class:`EngineShard` is built (the colocated side and the rollout pool): its grader
+    from the ``reward`` section, sampling seed and overlong buffer from ``train``."""
+    from megatron_maspo.reward.math_reward import MathReward
+
+    return EngineShard(engine, engine_id=engine_id, fleet=fleet, tokenizer=tokenizer, examples=examples,
+                       grader=MathReward(reward), rollout=rollout, seed=train.seed,
+                       overlong_buffer=train.overlong_buffer, version_offset=version_offset, meters=meters)
 
 
 def gather_shards(local: tuple[list[PromptGroup], EngineRound] | None, fleet: FleetLayout,

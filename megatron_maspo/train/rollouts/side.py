@@ -15,9 +15,12 @@ a separate engine pool present the same interface, so the loop does not fork.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from megatron_maspo.errors import ConfigError
 from megatron_maspo.rollout.config import RolloutConfig
 from megatron_maspo.rollout.fleet import FleetLayout
+from megatron_maspo.rollout.types import WeightSink
 from megatron_maspo.train.actor.samples import Sample
 from megatron_maspo.train.config import TrainConfig
 from megatron_maspo.train.rollouts.groups import (
@@ -35,6 +38,46 @@ from megatron_maspo.train.rollouts.shard import (
     reward_totals,
 )
 from megatron_maspo.train.rollouts.staleness import StalenessQueue, staleness_metrics
+
+
+class RolloutSource(Protocol):
+    """Where the loop's batches come from: :class:`RolloutSide` (engines on the training ranks) or
+    ``remote.RemoteRolloutSide`` (the rollout pool of a disaggregated job). The loop sees only this."""
+
+    shard: EngineShard | None
+    """This rank's engine shard (held-out evaluation runs on rank 0's), None without one."""
+    version_offset: int
+    """Steps done before a resume (policy versions are offset by it)."""
+
+    @property
+    def weight_sink(self) -> WeightSink | None:
+        """What this rank's weight sync loads into (``sync_weights``'s sink), None on non-senders."""
+        ...
+
+    @property
+    def sender_ranks(self) -> tuple[int, ...]:
+        """Ranks that hand weights to a sink in a sync (``sync_weights``'s ``sender_rank``)."""
+        ...
+
+    def batch(self, step: int, version: int) -> RolloutBatch:
+        """The groups that train 0-based ``step``."""
+        ...
+
+    def metrics(self, samples: list[Sample], trained_version: int) -> dict[str, float]:
+        """This step's rollout figures (:func:`step_metrics` plus the source's own)."""
+        ...
+
+    def state(self) -> dict:
+        """Resumable state (prompt order, grader totals, batches made ahead)."""
+        ...
+
+    def describe(self, num_prompts: int) -> str:
+        """One line for the log."""
+        ...
+
+    def close(self, clean: bool = True) -> None:
+        """Release the engines (a clean stop ends a rollout pool in order)."""
+        ...
 
 
 class RolloutSide:
@@ -78,8 +121,8 @@ class RolloutSide:
         return self.fleet.engine_ranks
 
     @property
-    def engine(self):
-        """This rank's engine (the weight sync's destination), or None."""
+    def weight_sink(self) -> WeightSink | None:
+        """What this rank's weight sync loads into: its engine, or None."""
         return self.shard.engine if self.shard is not None else None
 
     # ------------------------------------------------------------------ one step
@@ -103,15 +146,9 @@ class RolloutSide:
     def metrics(self, samples: list[Sample], trained_version: int) -> dict[str, float]:
         """This step's rollout figures: reward/group metrics over every generated group, phase times (the
         slowest engine's), fleet, staleness and grader totals."""
-        rounds = self._rounds
-        out = rollout_metrics(self._seen, rounds, dropped=self._dropped, num_engines=self.fleet.num_engines,
-                              max_new_tokens=self.rollout.max_new_tokens)
-        if self.queue is not None:
-            out.update(staleness_metrics(samples, trained_version, self.rollout.max_staleness))
-        for k, v in reward_totals(rounds).items():  # over every engine's grader
-            self.reward_totals[k] = self.reward_totals.get(k, 0) + v
-        out.update({f"reward/{k}_total": float(v) for k, v in self.reward_totals.items()})
-        return out
+        return step_metrics(self._seen, self._rounds, dropped=self._dropped, fleet=self.fleet,
+                            rollout=self.rollout, totals=self.reward_totals,
+                            staleness=(samples, trained_version) if self.queue is not None else None)
 
     def state(self) -> dict:
         """Resumable state: prompt order, grader totals, and the queued batches (``k > 0``)."""
@@ -132,7 +169,7 @@ class BatchMaker:
     """One step's batch from the fleet: dynamic-sampling rounds, then whole mini-batches.
 
     Collective over ``fleet``'s world (every rank joins each round's gather); used by the colocated side
-    and, inside the rollout pool, by :class:`~megatron_maspo.train.rollouts.pool_worker.RolloutWorker`.
+    and, inside the rollout pool, by :class:`~megatron_maspo.train.rollouts.pool.RolloutWorker`.
     """
 
     def __init__(self, shard: EngineShard | None, fleet: FleetLayout, order: PromptOrder,
@@ -165,6 +202,22 @@ class BatchMaker:
         kept = kept[: max(tc.mini_batches_per_step,
                           len(kept) // tc.mini_batches_per_step * tc.mini_batches_per_step)]
         return RolloutBatch(step=step, version=version, kept=kept, seen=seen, dropped=dropped), rounds
+
+
+def step_metrics(seen: list[PromptGroup], rounds: list[EngineRound], *, dropped: int, fleet: FleetLayout,
+                 rollout: RolloutConfig, totals: dict[str, int],
+                 staleness: tuple[list[Sample], int] | None) -> dict[str, float]:
+    """One step's rollout figures, the same for every :class:`RolloutSource`: :func:`rollout_metrics`, the
+    staleness figures when batches are made ahead (``staleness = (samples, trained_version)``), and the
+    grader totals since the run began (``totals`` is updated in place with this step's rounds)."""
+    out = rollout_metrics(seen, rounds, dropped=dropped, num_engines=fleet.num_engines,
+                          max_new_tokens=rollout.max_new_tokens)
+    if staleness is not None:
+        out.update(staleness_metrics(*staleness, rollout.max_staleness))
+    for k, v in reward_totals(rounds).items():  # over every engine's grader
+        totals[k] = totals.get(k, 0) + v
+    out.update({f"reward/{k}_total": float(v) for k, v in totals.items()})
+    return out
 
 
 def rollout_metrics(seen: list[PromptGroup], rounds: list[EngineRound], *, dropped: int,

