@@ -109,7 +109,7 @@ def plan_groups(layout: PoolLayout | int, gpus_per_node: int, *,
         ranks_per_node: processes each node runs (default ``gpus_per_node``: one per GPU).
 
     Returns:
-        Colocated: ``(world,)``; disaggregated: ``(train, rollout, weights, batches)``.
+        Colocated: ``(world,)``; disaggregated: ``(train, rollout, weights, weights_ctl, batches)``.
     """
     if isinstance(layout, int):
         return (_device_group("world", tuple(range(layout)), "the one pool; Megatron's groups inherit it",
@@ -126,9 +126,11 @@ def plan_groups(layout: PoolLayout | int, gpus_per_node: int, *,
     else:
         weights = GroupPlan("weights", w_ranks, True, gpu_backend(True, False), False,
                             "weight buckets GPU to GPU")
+    ctl = GroupPlan("weights_ctl", w_ranks, False, gpu_backend(False, False), False,
+                    "bucket headers, end, stop (host-only: no NCCL work pending between syncs)")
     batches = GroupPlan("batches", tuple(layout.batches_ranks), False, gpu_backend(False, False), False,
                         "pickled batches on the CPU (host-only)")
-    return train, rollout, weights, batches
+    return train, rollout, weights, ctl, batches
 
 
 def validate(plans: tuple[GroupPlan, ...] | list[GroupPlan]) -> None:
