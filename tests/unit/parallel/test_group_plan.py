@@ -31,16 +31,12 @@ def test_the_rule_table():
     assert gpu_backend(carries_device=True, members_share_a_gpu=True) == GLOO  # refused by validate
 
 
-def by_ranks(by, name):
-    return by[name].ranks
-
-
 def test_four_nodes_16_training_and_16_rollout_ranks():
     """docs/disaggregated.md's example: both pools are larger than one 8-GPU node and stay NCCL (bug B:
     ``comm.default_backend(16)`` said gloo there)."""
     by = {p.name: p for p in plan_groups(PoolLayout(world=32, engine_ranks=16, tp=2), 8)}
     assert list(by) == ["train", "rollout", "weights", "weights_ctl", "batches"]
-    assert by["weights_ctl"].ranks == by_ranks(by, "weights") and by["weights_ctl"].backend == GLOO
+    assert by["weights_ctl"].ranks == by["weights"].ranks and by["weights_ctl"].backend == GLOO
     assert by["train"].ranks == tuple(range(16)) and by["train"].backend == NCCL and by["train"].carries_device
     assert by["rollout"].ranks == tuple(range(16, 32)) and by["rollout"].backend == NCCL
     assert by["weights"].ranks == (0, *range(16, 32)) and by["weights"].backend == NCCL
