@@ -175,3 +175,28 @@ def test_a_pool_of_two_engines_under_gpu_emulation_equals_the_plain_run(tmp_path
     assert all("sync/host_copy_bytes" not in r for r in ra)
     assert [r["reward/mean"] for r in ra] == [r["reward/mean"] for r in rb]
     assert _same(ra) == _same(rb)  # every metric but the placement's and timing keys
+
+
+@pytest.mark.slow
+def test_two_torchrun_agents_on_one_host(tmp_path):
+    """A real two-node launch on localhost (``--nnodes 2``, one process per agent, c10d rendezvous): each
+    process is LOCAL_RANK 0 of its node (what the one-GPU smoke test and a 2-node cluster see); the
+    disaggregated run completes on both agents with the same per-step metrics as one torchrun of 2."""
+    from megatron_maspo.parallel.launch import free_port
+
+    sets = [*LEARNING, *K1, "train.steps=2"]
+    port = free_port()
+    agents = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--node-rank", str(node),
+               "-m", "megatron_maspo.cli.main", "train"]
+        for s in ["rollout.placement=disaggregated", "rollout.engine_ranks=1", *sets,
+                  f"checkpoint.run_dir={tmp_path / 'agents'}"]:
+            cmd += ["--set", s]
+        agents.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()))
+    outs = [a.communicate(timeout=600) for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], [o[1][-3000:] for o in outs]
+    one = _torchrun(sets=[*sets, f"checkpoint.run_dir={tmp_path / 'one'}"])
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert _same(_metrics(tmp_path / "agents")) == _same(_metrics(tmp_path / "one"))
