@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import fields, is_dataclass, replace
+from typing import Any
 
 import torch
 
@@ -95,7 +96,7 @@ def token_losses(method: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor
     """
     if method not in METHOD_REGISTRY:
         raise ValueError(f"unknown method {method!r}; registered: {sorted(METHOD_REGISTRY)}")
-    params = dict(params or {})
+    params: dict[str, Any] = dict(params or {})  # values: config fields or [T] tensors
     ctx_keys = {"mask", "seq_ids", "prompt_ids", "dp_group"}
     if method == "gspo" and params.get("seq_ids") is None:
         # one response by default, as `mask` defaults to all-valid

@@ -1,4 +1,4 @@
-"""The Megatron-Core actor: log-prob recompute and the MASPO training step over TP x PP x DP (x EP).
+"""The Megatron-Core actor: the MASPO training step over TP x PP x DP (x EP), and its forward-only log-probs.
 
 One rollout step (loss-formulas.md §0.3) is :meth:`MegatronActor.train_step`:
 
