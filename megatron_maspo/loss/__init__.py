@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from megatron_maspo.loss.registry import METHOD_REGISTRY, token_losses
 
 _HOME = {"compute_advantages": "advantages", "LossConfig": "config", "LossInputs": "inputs",
-         "compute_policy_loss": "policy", "aggregate": "reduce", "local_units": "reduce", "megatron_loss_tuple": "reduce",
+         "compute_policy_loss": "policy", "aggregate": "reduce", "local_units": "reduce",
+         "megatron_loss_tuple": "reduce",
          "METHOD_REGISTRY": "registry", "token_losses": "registry"}
 __all__ = ["LossConfig", "LossInputs", "METHOD_REGISTRY", "aggregate", "compute_advantages",
            "compute_policy_loss", "local_units", "megatron_loss_tuple", "token_losses"]

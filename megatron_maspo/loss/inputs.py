@@ -1,10 +1,11 @@
 """`LossInputs`: what one packed micro-batch gives the policy loss, in one object.
 
-The actor's training forward yields ``logprobs`` (and ``entropy``) of the response tokens; the packed
-micro-batch carries the rest (old / reference / rollout log-probs, advantages, the mask, the response
-and prompt index of every token); the mini-batch plan adds the global counts the aggregation divides
-by. `policy.compute_policy_loss`, `reduce.aggregate` and `group_stats.mini_batch_stats` read them
-from here instead of re-spelling them parameter by parameter.
+The actor's training forward yields ``logprobs`` (and ``entropy``) of the response tokens; the
+packed micro-batch carries the rest (old / reference / rollout log-probs, advantages, the mask, the
+response and prompt index of every token); the mini-batch plan adds the global counts the
+aggregation divides by. `policy.compute_policy_loss`, `reduce.aggregate` and
+`group_stats.mini_batch_stats` read them from here instead of re-spelling them parameter by
+parameter.
 """
 
 from __future__ import annotations

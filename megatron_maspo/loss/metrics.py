@@ -76,7 +76,7 @@ def gate_metrics(out: MethodOutput, adv: torch.Tensor, mask: torch.Tensor, n_glo
 
 def _maspo_metrics(extras: dict[str, torch.Tensor], r: torch.Tensor, adv: torch.Tensor,
                    m: torch.Tensor, n_glob: float, old_logprobs: torch.Tensor) -> dict[str, torch.Tensor]:
-    """MASPO's ``maspo/*`` metrics from its surrogate's [T] extras ``maspo/sigma``, ``maspo/cap_hit``."""
+    """MASPO's ``maspo/*`` metrics from its surrogate's [T] ``maspo/sigma``, ``maspo/cap_hit``."""
     sigma, cap_hit = extras["maspo/sigma"], extras["maspo/cap_hit"]
     p_old = torch.exp(old_logprobs.detach()).to(m.dtype)
     met = {

@@ -74,7 +74,8 @@ def surrogate(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tenso
 
 
 def token_losses(method: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                 advantages: torch.Tensor, params: Mapping[str, object] | None = None) -> torch.Tensor:
+                 advantages: torch.Tensor, params: Mapping[str, object] | None = None
+                 ) -> torch.Tensor:
     """Per-token loss (negated objective) of ``method`` before aggregation.
 
     Args:
@@ -82,9 +83,9 @@ def token_losses(method: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor
         logprobs: [T] float, log π_θ of the sampled tokens; the only input that carries gradient.
         old_logprobs: [T] float, log π_old (detached inside).
         advantages: [T] float, Â per token (detached inside).
-        params: by name, fields of the method's parameter group (``LossConfig.<method>``: e.g. alpha,
-            beta_high for 'maspo'; eps_low, eps_high, dual_clip_c for 'grpo') or scalar LossConfig
-            fields (log_ratio_clamp); ``mask``, ``seq_ids``, ``prompt_ids`` and ``dp_group`` are
+        params: by name, fields of the method's parameter group (``LossConfig.<method>``: e.g.
+            alpha, beta_high for 'maspo'; eps_low, eps_high, dual_clip_c for 'grpo') or scalar
+            LossConfig fields (log_ratio_clamp); ``mask``, ``seq_ids``, ``prompt_ids`` and ``dp_group`` are
             also accepted for BAPO / QUATRO / GSPO statistics ('gspo' without ``seq_ids`` treats
             all T tokens as one response).
 
@@ -114,8 +115,8 @@ def token_losses(method: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor
     group = replace(getattr(default, method), **{k: v for k, v in params.items() if k in own})
     cfg = LossConfig(method=method, **{method: group}, **{k: v for k, v in params.items() if k in top})
     mask = params.get("mask")
-    check_token_inputs({"logprobs": logprobs, "old_logprobs": old_logprobs, "advantages": advantages,
-                        "mask": mask, "seq_ids": params.get("seq_ids"),
+    check_token_inputs({"logprobs": logprobs, "old_logprobs": old_logprobs,
+                        "advantages": advantages, "mask": mask, "seq_ids": params.get("seq_ids"),
                         "prompt_ids": params.get("prompt_ids")})
     for name, t in (("logprobs", logprobs), ("old_logprobs", old_logprobs), ("advantages", advantages)):
         if not torch.isfinite(t).all():

@@ -77,7 +77,8 @@ def prepare_batch_stats(cfg: LossConfig, samples: Sequence[Sample], plan: MiniBa
         for i, n in zip(mb.sample_index, mb.resp_lens):
             s = samples[i]
             if s.old_logprobs is None:
-                raise ValueError(f"sample {i} has no old_logprobs: run the old-log-prob recompute (OldLogprobs.fill) first")
+                raise ValueError(f"sample {i} has no old_logprobs: run the old-log-prob recompute "
+                                 "(OldLogprobs.fill) first")
             old = s.old_logprobs[:n].float()
             lp, ent = (old, torch.zeros(n)) if use_old else current[i]
             parts["lp"].append(lp.float())

@@ -1,4 +1,4 @@
-"""The Megatron-Core actor: the MASPO training step over TP x PP x DP (x EP), and its forward-only log-probs.
+"""The Megatron-Core actor: the MASPO training step over TP x PP x DP (x EP) and its log-probs.
 
 One rollout step (loss-formulas.md §0.3) is :meth:`MegatronActor.train_step`:
 
@@ -240,8 +240,8 @@ class MegatronActor:
                            chunk_bytes=self.train_cfg.logprob_chunk_bytes,
                            sequence_parallel=self.opts.sequence_parallel)
 
-    def logprobs_local(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *,
-                       model: str, replay: bool = False) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    def logprobs_local(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *, model: str,
+                       replay: bool = False) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """``{sample: ([L'] log-prob, [L'] entropy)}`` for this DP shard, on the last stage only."""
         if model not in ("policy", "reference"):
             raise ValueError(f"model={model!r}; accepted: 'policy', 'reference'")

@@ -1,7 +1,7 @@
-"""``log π_old`` (and ``log π_ref``) of a rollout step's samples: recomputed, or the training forward's.
+"""``log π_old`` (and ``log π_ref``) of a rollout step's samples: recomputed, or the forward's own.
 
-The loss's ratio ``ρ = π_θ / π_old`` needs the log-probs of the policy the step starts from, in the
-packing the training forward uses, so that ``ρ = 1`` exactly on the first mini-batch
+The loss's ratio ``ρ = π_θ / π_old`` needs the log-probs of the policy the step starts from, in
+the packing the training forward uses, so that ``ρ = 1`` exactly on the first mini-batch
 (``train.check_first_ratio``). :class:`OldLogprobs` decides how to get them and holds the two flags
 the actor's training step reads:
 
@@ -70,9 +70,10 @@ class OldLogprobs:
         self.at_old_policy = False
 
     def reuses_forward(self, plans: list[MiniBatchPlan]) -> bool:
-        """True when the recompute provably equals the training forward (one mini-batch: no optimizer
-        step between them), ``train.check_first_ratio`` does not ask to verify it and no mini-batch
-        statistic (BAPO's bounds, QUATRO's dual ascent) needs π_old before the forward."""
+        """True when the recompute provably equals the training forward (one mini-batch: no
+        optimizer step between them), ``train.check_first_ratio`` does not ask to verify it and no
+        mini-batch statistic (BAPO's bounds, QUATRO's dual ascent) needs π_old before the
+        forward."""
         src = self.source
         return (len(plans) == 1 and not src.train_cfg.check_first_ratio
                 and not needs_current_logprobs(src.loss_cfg)
@@ -80,8 +81,9 @@ class OldLogprobs:
 
     def fill(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *,
              policy: bool = True) -> None:
-        """Recompute ``old_logprobs`` (if ``policy``) and ``ref_logprobs`` (if a KL term is on) for this
-        rank's samples; without ``policy`` the old ones are cleared (the training forward's are used).
+        """Recompute ``old_logprobs`` (if ``policy``) and ``ref_logprobs`` (if a KL term is on) for
+        this rank's samples; without ``policy`` the old ones are cleared (the training forward's are
+        used).
 
         Collective: every rank calls it with the same plans (every PP stage joins the schedule).
         """
@@ -100,23 +102,25 @@ class OldLogprobs:
         self.at_old_policy = True
 
     def for_loss(self, old: torch.Tensor | None, logprobs: torch.Tensor) -> torch.Tensor | None:
-        """The ``[T]`` π_old a loss call takes: the micro-batch's ``old`` or, when this step reuses the
-        forward and none was recomputed, the forward's own ``logprobs`` detached."""
+        """The ``[T]`` π_old a loss call takes: the micro-batch's ``old`` or, when this step reuses
+        the forward and none was recomputed, the forward's own ``logprobs`` detached."""
         if old is None and self.from_forward:  # one mini-batch: π_old is this very forward
             return logprobs.detach()
         return old
 
-    def store_forward(self, samples: Sequence[Sample], plan: MiniBatchPlan, ctx: StepContext) -> None:
-        """``old_logprobs`` of this rank's samples from the training forward (last stage only); later
-        forwards need a recompute again (the optimizer step moves the weights)."""
+    def store_forward(self, samples: Sequence[Sample], plan: MiniBatchPlan,
+                      ctx: StepContext) -> None:
+        """``old_logprobs`` of this rank's samples from the training forward (last stage only);
+        later forwards need a recompute again (the optimizer step moves the weights)."""
         self.from_forward = False
         for mb, lp in zip(plan.micro_batches, ctx.logprobs):
             for i, part in zip(mb.sample_index, lp.cpu().split(mb.resp_lens)):
                 samples[i].old_logprobs = part
 
-    def first_ratio_dev(self, samples: Sequence[Sample], plan: MiniBatchPlan, ctx: StepContext) -> float:
-        """``max |log π_θ - log π_old|`` over the first mini-batch's forward, MAX-reduced over all ranks
-        (one all-reduce; 0 on ranks without the last stage before it)."""
+    def first_ratio_dev(self, samples: Sequence[Sample], plan: MiniBatchPlan,
+                        ctx: StepContext) -> float:
+        """``max |log π_θ - log π_old|`` over the first mini-batch's forward, MAX-reduced over all
+        ranks (one all-reduce; 0 on ranks without the last stage before it)."""
         dev = torch.zeros(1, dtype=torch.float64)
         if self.source.groups.is_last_stage:
             for mb, lp in zip(plan.micro_batches, ctx.logprobs):
@@ -126,8 +130,8 @@ class OldLogprobs:
         comm.all_reduce(dev, op=comm.ReduceOp.MAX)
         return float(dev)
 
-    def after_first_forward(self, samples: Sequence[Sample], plan: MiniBatchPlan, ctx: StepContext, *,
-                            reused: bool) -> float:
+    def after_first_forward(self, samples: Sequence[Sample], plan: MiniBatchPlan,
+                            ctx: StepContext, *, reused: bool) -> float:
         """``actor/first_ratio_max_abs_dev`` of the step's first mini-batch: 0 when its forward was
         π_old (its log-probs are stored for diagnostics), else the measured deviation.
 

@@ -1,7 +1,7 @@
-"""The loss package's call surface stays small, read from the source by AST: no function or lambda in
-``megatron_maspo/loss/`` takes more than 6 parameters (``self``/``cls`` of a method excluded), and none
-takes ``*args`` / ``**kwargs`` (which would re-open the door the limit closes). A micro-batch's inputs
-travel as one ``LossInputs``."""
+"""The loss package's call surface stays small, read from the source by AST: no function or lambda
+in ``megatron_maspo/loss/`` takes more than 6 parameters (``self``/``cls`` of a method excluded),
+and none takes ``*args`` / ``**kwargs`` (which would re-open the door the limit closes). A
+micro-batch's inputs travel as one ``LossInputs``."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def _violations(tree: ast.Module, where: str) -> list[str]:
 def test_no_loss_function_takes_more_than_six_parameters():
     files = sorted(LOSS.rglob("*.py"))
     assert len(files) > 10, f"no loss modules found under {LOSS}"
-    bad = [v for f in files for v in _violations(ast.parse(f.read_text()), str(f.relative_to(LOSS)))]
+    bad = [v for f in files
+           for v in _violations(ast.parse(f.read_text()), str(f.relative_to(LOSS)))]
     assert not bad, bad
 
 

@@ -1,5 +1,6 @@
-"""Mismatch metrics against hand-computed values and the masked / global-count conventions; the loop's
-per-step trainer-vs-engine diagnostic (fresh vs stale split, which rank computes, the broadcast source)."""
+"""Mismatch metrics against hand-computed values and the masked / global-count conventions; the
+loop's per-step trainer-vs-engine diagnostic (fresh vs stale split, which rank computes, the
+broadcast source)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def _groups(**kw) -> SimpleNamespace:
 def test_trainer_vs_engine_mismatch_splits_fresh_and_stale(monkeypatch):
     old = torch.tensor([-1.0, -2.0])
     s = [SimpleNamespace(old_logprobs=old, rollout_logprobs=[-1.2, -1.9, -7.0], policy_version=3),
-         SimpleNamespace(old_logprobs=old, rollout_logprobs=torch.tensor([-1.0, -2.5]), policy_version=2),
+         SimpleNamespace(old_logprobs=old, rollout_logprobs=torch.tensor([-1.0, -2.5]),
+                         policy_version=2),
          SimpleNamespace(old_logprobs=None, rollout_logprobs=[-1.0], policy_version=3),
          SimpleNamespace(old_logprobs=torch.zeros(0), rollout_logprobs=[], policy_version=3),
          SimpleNamespace(old_logprobs=old, rollout_logprobs=None, policy_version=3)]
@@ -62,7 +64,7 @@ def test_trainer_vs_engine_mismatch_splits_fresh_and_stale(monkeypatch):
     monkeypatch.setattr(diagnostics.comm, "broadcast_object",
                         lambda obj, src: sent.append(src) or obj)
     out = trainer_vs_engine_mismatch(s, 3, _groups())
-    # the fresh sample's rollout log-probs are cut to the trained length (the 3rd entry was truncated)
+    # the fresh sample's rollout log-probs are cut to the trained length (its 3rd token was cut)
     fresh = mismatch_metrics(old, torch.tensor([-1.2, -1.9]), torch.ones(2))
     stale = mismatch_metrics(old, torch.tensor([-1.0, -2.5]), torch.ones(2))
     assert out == {**{k: float(v) for k, v in fresh.items()},
@@ -76,8 +78,9 @@ def test_trainer_vs_engine_mismatch_is_computed_on_one_rank(monkeypatch, who):
     sent = []
     monkeypatch.setattr(diagnostics.comm, "broadcast_object",
                         lambda obj, src: sent.append(src) or obj)
-    s = [SimpleNamespace(old_logprobs=torch.tensor([-1.0]), rollout_logprobs=[-1.5], policy_version=0)]
-    # (last stage, dp 0, cp 0, tp 0) is global rank (pp-1)*tp*cp*dp in Megatron's tp-cp-ep-dp-pp order
+    s = [SimpleNamespace(old_logprobs=torch.tensor([-1.0]), rollout_logprobs=[-1.5],
+                         policy_version=0)]
+    # (last stage, dp 0, cp 0, tp 0) is global rank (pp-1)*tp*cp*dp in Megatron's tp-cp-ep-dp-pp
     layout = dict(pp=2, tp=2, cp=2, dp=3)
     assert trainer_vs_engine_mismatch(s, 0, _groups(**layout, **who)) == {}
     assert trainer_vs_engine_mismatch(s, 0, _groups(**layout))  # the source rank computes
