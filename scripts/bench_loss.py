@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from megatron_maspo.loss import LossConfig, compute_policy_loss
+from megatron_maspo.loss import LossConfig, LossInputs, compute_policy_loss
 
 
 def _sync(device: torch.device) -> None:
@@ -40,7 +40,9 @@ def _loss_pass(cfg: LossConfig, logp: torch.Tensor, old: torch.Tensor, adv: torc
     x = logp.detach().requires_grad_()
     _sync(x.device)
     t0 = time.perf_counter()
-    loss, metrics = compute_policy_loss(cfg, x, old, adv, mask, num_tokens_global=int(mask.numel()))
+    loss, metrics = compute_policy_loss(cfg, LossInputs(
+        logprobs=x, old_logprobs=old, advantages=adv, mask=mask,
+        num_tokens_global=int(mask.numel())))
     loss.backward()
     # Metrics are part of the cost: materialise them (one stack, as the trainer's reduce does).
     torch.stack([v.to(x.device) for v in metrics.values()]).sum().item()

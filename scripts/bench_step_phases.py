@@ -7,7 +7,7 @@ the way ``Trainer.train_one_step`` runs them:
 * generate: ``engine.generate`` of ``prompts_per_step x group_size`` responses (tokens/s = generated
   tokens / s);
 * grade: decode + math-verify of every response (responses/s and tokens/s of graded responses);
-* old log-probs: ``actor.fill_old_logprobs`` over the packed micro-batches (tokens/s = packed
+* old log-probs: ``actor.old_logprobs.fill`` over the packed micro-batches (tokens/s = packed
   prompt+response tokens / s: what the forward processes);
 * train: ``actor.forward_backward`` + ``optimizer_step`` for every mini-batch (same tokens/s base);
 * sync: ``sync_weights`` actor -> engine (MB/s of the exported tensors).
@@ -64,7 +64,7 @@ def _step(tr, step: int) -> dict[str, dict[str, float]]:
     for c in tr.actor.chunks:
         c.train()
     t0 = time.perf_counter()
-    tr.actor.fill_old_logprobs(samples, plans)
+    tr.actor.old_logprobs.fill(samples, plans)
     out["old_logprobs"] = {"seconds": time.perf_counter() - t0, "tokens": packed}
     t0 = time.perf_counter()
     for plan in plans:

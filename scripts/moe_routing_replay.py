@@ -77,7 +77,7 @@ def _worker(rank: int, world: int, args: dict) -> dict:
     rr = [r for r in actor.replay.per_chunk[0]]
     for r in rr:
         r.router_replay.set_router_replay_action(RouterReplayAction.RECORD)
-    actor._logprobs_local(samples, plans, model="policy", replay=False)
+    actor.logprobs_local(samples, plans, model="policy", replay=False)
     own = torch.stack([r.router_replay.get_recorded_indices().cpu() for r in rr])  # [L, S, k]
     actor.replay.clear()
     eng = replay_targets(samples, mb, num_layers=spec.num_layers, topk=spec.moe_router_topk)
@@ -94,7 +94,7 @@ def _worker(rank: int, world: int, args: dict) -> dict:
     # 2./3. old log-probs without and with replay vs the engine's log-probs
     ro = torch.cat([torch.tensor(s.rollout_logprobs) for s in samples])
     for name, replay in (("off", False), ("replay", True)):
-        lp = actor._logprobs_local(samples, plans, model="policy", replay=replay)
+        lp = actor.logprobs_local(samples, plans, model="policy", replay=replay)
         tr = torch.cat([lp[i][0] for i in range(len(samples))])
         for k, v in mismatch_metrics(tr, ro, torch.ones_like(tr)).items():
             res[f"{name}/{k}"] = float(v)

@@ -4,7 +4,7 @@ The packer splits a prompt's G responses over DP ranks and micro-batches, so a s
 inside one loss call sees only part of a group (QUATRO's REPS dual of a 2-correct/6-wrong group is
 7.03 on the group but 6.66 / 7.42 on two halves) or part of a mini-batch (BAPO's bounds). These
 functions compute such statistics once, over everything they are defined on, and the trainer hands
-the result to every loss call (``compute_policy_loss(..., batch_stats=...)``):
+the result to every loss call (``LossInputs.batch_stats``):
 
 - per prompt, from the rollout alone (``reps_prompt_lambdas``): QUATRO's REPS dual over all G
   advantages of the prompt; carried per sample (``Sample.group_stats``) and broadcast to tokens;
@@ -29,6 +29,7 @@ from megatron_maspo.loss.advantages import entropy_advantage, reweight_advantage
 from megatron_maspo.loss.bapo import bapo_search_bounds
 from megatron_maspo.loss.base import clamped_log_ratio
 from megatron_maspo.loss.config import BAPO_METHODS, LossConfig
+from megatron_maspo.loss.inputs import LossInputs
 from megatron_maspo.loss.quatro import quatro_divergence, reps_lambda
 from megatron_maspo.parallel import comm
 
@@ -97,9 +98,7 @@ def effective_advantages(cfg: LossConfig, adv: torch.Tensor, old_logprobs: torch
     return adv
 
 
-def mini_batch_stats(cfg: LossConfig, *, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                     advantages: torch.Tensor, mask: torch.Tensor, prompt_ids: torch.Tensor,
-                     prompts: Sequence[int], entropy: torch.Tensor | None = None,
+def mini_batch_stats(cfg: LossConfig, inputs: LossInputs, prompts: Sequence[int], *,
                      dp_group: dist.ProcessGroup | None = None
                      ) -> tuple[dict[str, torch.Tensor], dict[int, float]]:
     """Mini-batch statistics at the current policy (BAPO bounds, QUATRO dual-ascent λ_q).
@@ -110,13 +109,11 @@ def mini_batch_stats(cfg: LossConfig, *, logprobs: torch.Tensor, old_logprobs: t
 
     Args:
         cfg: the loss configuration (method 'bapo' or 'quatro' with dual_ascent; else nothing).
-        logprobs: [T] log π_θ at the current parameters (detached inside).
-        old_logprobs: [T] log π_old.
-        advantages: [T] Â per token (before the modifiers, applied here as in the loss).
-        mask: [T] valid tokens.
-        prompt_ids: [T] int64 prompt index of each token.
+        inputs: this rank's tokens: ``logprobs`` [T] log π_θ at the current parameters (detached
+            inside), ``old_logprobs`` [T], ``advantages`` [T] (before the modifiers, applied here
+            as in the loss), ``mask`` [T], ``prompt_ids`` [T] int64 (required) and ``entropy`` [T]
+            (only with entropy_adv.coef > 0); the global counts and other fields are not read.
         prompts: every prompt index of the mini-batch (all DP ranks), identical on every rank.
-        entropy: [T] H_t (only with entropy_adv.coef > 0).
         dp_group: the data-parallel group, or None for one process.
 
     Returns:
@@ -124,6 +121,8 @@ def mini_batch_stats(cfg: LossConfig, *, logprobs: torch.Tensor, old_logprobs: t
         ``bapo/c_high``, ``bapo/pos_share`` for BAPO; ``prompt_lambda`` maps each prompt of
         ``prompts`` to λ_q for QUATRO dual ascent. Both empty for other methods.
     """
+    logprobs, old_logprobs, advantages = inputs.logprobs, inputs.old_logprobs, inputs.advantages
+    mask, prompt_ids, entropy = inputs.mask, inputs.prompt_ids, inputs.entropy
     stats: dict[str, torch.Tensor] = {}
     lambdas: dict[int, float] = {}
     if not needs_current_logprobs(cfg):
@@ -140,6 +139,8 @@ def mini_batch_stats(cfg: LossConfig, *, logprobs: torch.Tensor, old_logprobs: t
                  (("bapo/c_low", c_low), ("bapo/c_high", c_high), ("bapo/pos_share", share))}
         return stats, lambdas
     # QUATRO dual ascent: the prompt's mean detached divergence over all of its tokens.
+    if prompt_ids is None:
+        raise ValueError("QUATRO's dual ascent needs inputs.prompt_ids [T]")
     order = {p: k for k, p in enumerate(prompts)}
     if len(order) != len(prompts):
         raise ValueError("prompts must not repeat")

@@ -63,7 +63,7 @@ def gate_metrics(out: MethodOutput, adv: torch.Tensor, mask: torch.Tensor, n_glo
     }
     ex = out.extras
     if "maspo/sigma" in ex:
-        met.update(_maspo_metrics(ex["maspo/sigma"], ex["maspo/cap_hit"], r, adv, m, n_glob, old_logprobs))
+        met.update(_maspo_metrics(ex, r, adv, m, n_glob, old_logprobs))
     for key in ("dac/low", "dac/high", "quatro/lambda", "quatro/divergence"):
         if key in ex:
             met[f"{key}_mean"] = mean(ex[key])
@@ -74,8 +74,10 @@ def gate_metrics(out: MethodOutput, adv: torch.Tensor, mask: torch.Tensor, n_glo
     return met
 
 
-def _maspo_metrics(sigma: torch.Tensor, cap_hit: torch.Tensor, r: torch.Tensor, adv: torch.Tensor,
+def _maspo_metrics(extras: dict[str, torch.Tensor], r: torch.Tensor, adv: torch.Tensor,
                    m: torch.Tensor, n_glob: float, old_logprobs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """MASPO's ``maspo/*`` metrics from its surrogate's [T] ``maspo/sigma``, ``maspo/cap_hit``."""
+    sigma, cap_hit = extras["maspo/sigma"], extras["maspo/cap_hit"]
     p_old = torch.exp(old_logprobs.detach()).to(m.dtype)
     met = {
         "maspo/sigma_mean": (sigma * m).sum() / n_glob,

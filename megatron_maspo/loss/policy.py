@@ -13,6 +13,7 @@ single all-reduce over the explicitly passed ``dp_group``.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from megatron_maspo.loss.base import TokenContext
 from megatron_maspo.loss.config import LossConfig
 from megatron_maspo.loss.group_stats import effective_advantages
+from megatron_maspo.loss.inputs import LossInputs
 from megatron_maspo.loss.kl import approx_kl_old_new, kl_to_reference
 from megatron_maspo.loss.metrics import gate_metrics
 from megatron_maspo.loss.reduce import aggregate
@@ -47,36 +49,17 @@ def _screen_nonfinite(cfg: LossConfig, mask: torch.Tensor, tensors: dict[str, to
     return mask & ~bad, cleaned, bad.sum()
 
 
-def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                        advantages: torch.Tensor, mask: torch.Tensor, *, num_tokens_global: float,
-                        num_seqs_global: float | None = None, seq_ids: torch.Tensor | None = None,
-                        entropy: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None,
-                        rollout_logprobs: torch.Tensor | None = None,
-                        prompt_ids: torch.Tensor | None = None,
-                        dp_group: dist.ProcessGroup | None = None,
-                        batch_stats: dict[str, torch.Tensor] | None = None
+def compute_policy_loss(cfg: LossConfig, inputs: LossInputs, *,
+                        dp_group: dist.ProcessGroup | None = None
                         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """This micro-batch's share of the aggregated policy loss, and its detached metrics.
 
     Args:
         cfg: the loss configuration.
-        logprobs: [T] fp32 log π_θ of the sampled tokens of a packed micro-batch (carries gradient).
-        old_logprobs: [T] log π_old (trainer-recomputed, temperature-scaled).
-        advantages: [T] Â per token (the response's advantage broadcast).
-        mask: [T] bool, valid response tokens.
-        num_tokens_global: N, valid tokens of the whole mini-batch (all micro-batches and DP×CP
-            ranks), counted before the first forward; also the metrics' divisor. 0 is clamped to 1.
-        num_seqs_global: S, responses of the mini-batch (seq-mean-* aggregation).
-        seq_ids: [T] int64 response index per token (seq-mean-token-mean, QUATRO REPS, GSPO's
-            sequence ratio, the 'seq_mask' correction); a response's tokens must all be in this call.
-        entropy: [T] H_t of π_θ (with gradient if entropy_coef > 0; detached use for Entropy Adv.).
-        ref_logprobs: [T] log π_ref (needed when kl_coef > 0).
-        rollout_logprobs: [T] rollout-engine log-probs (needed when a rollout correction is on).
-        prompt_ids: [T] int64 prompt index per token (QUATRO's per-prompt duals).
+        inputs: the micro-batch's ``[T]`` tensors and the mini-batch's global counts
+            (:class:`~megatron_maspo.loss.inputs.LossInputs`: ``logprobs`` carries the gradient;
+            ``entropy`` too when ``entropy_coef > 0``).
         dp_group: DP group for BAPO's bound search (one all-reduce), or None.
-        batch_stats: statistics over whole groups / the whole mini-batch computed before this call
-            (`group_stats.py`): 0-d ``bapo/{c_low,c_high,pos_share}``, [T] ``quatro/lambda``. They
-            replace BAPO's per-call search and QUATRO's per-call λ_q.
 
     Returns:
         (loss, metrics): loss is 0-d; summing it over micro-batches and SUM-reducing gradients over
@@ -88,55 +71,55 @@ def compute_policy_loss(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: t
             inputs with nonfinite='raise' ('skip' masks and counts like 'mask'; skipping the
             optimizer step is the trainer's decision).
     """
-    check_token_inputs(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
-                       seq_ids=seq_ids, entropy=entropy, ref_logprobs=ref_logprobs,
-                       rollout_logprobs=rollout_logprobs, prompt_ids=prompt_ids)
-    needs = {"entropy": (cfg.entropy_coef > 0 or cfg.entropy_adv.coef > 0, entropy,
+    check_token_inputs(inputs.token_tensors())
+    needs = {"entropy": (cfg.entropy_coef > 0 or cfg.entropy_adv.coef > 0, inputs.entropy,
                          "entropy_coef / entropy_adv.coef > 0"),
-             "ref_logprobs": (cfg.kl_coef > 0, ref_logprobs, "kl_coef > 0"),
-             "rollout_logprobs": (cfg.corrects_rollout, rollout_logprobs,
+             "ref_logprobs": (cfg.kl_coef > 0, inputs.ref_logprobs, "kl_coef > 0"),
+             "rollout_logprobs": (cfg.corrects_rollout, inputs.rollout_logprobs,
                                   f"rollout_correction.mode={cfg.effective_rollout_correction.mode!r}")}
     for name, (needed, t, why) in needs.items():
         if needed and t is None:
             raise ValueError(f"{name} [T] is required because LossConfig.{why}")
+    num_tokens_global = inputs.num_tokens_global
     if num_tokens_global <= 0:
         logger.warning("num_tokens_global=%s: no valid token in the mini-batch; dividing by 1",
                        num_tokens_global)
         num_tokens_global = 1
     n_glob = float(num_tokens_global)
-    mask, t, n_bad = _screen_nonfinite(cfg, mask.bool(), {
-        "logprobs": logprobs, "old_logprobs": old_logprobs, "advantages": advantages,
-        "entropy": entropy, "ref_logprobs": ref_logprobs, "rollout_logprobs": rollout_logprobs})
-    lp, old, adv = t["logprobs"], t["old_logprobs"].detach(), t["advantages"].detach()
-    adv = effective_advantages(cfg, adv, old, t["entropy"])
-    stats = dict(batch_stats or {})
+    mask, t, n_bad = _screen_nonfinite(cfg, inputs.mask.bool(), {
+        "logprobs": inputs.logprobs, "old_logprobs": inputs.old_logprobs,
+        "advantages": inputs.advantages, "entropy": inputs.entropy,
+        "ref_logprobs": inputs.ref_logprobs, "rollout_logprobs": inputs.rollout_logprobs})
+    # From here on: finite values only, the screened mask and the clamped count.
+    clean = replace(inputs, mask=mask, num_tokens_global=n_glob, **t)
+    lp, old, adv = clean.logprobs, clean.old_logprobs.detach(), clean.advantages.detach()
+    adv = effective_advantages(cfg, adv, old, clean.entropy)
+    stats = dict(inputs.batch_stats)
     if "quatro/lambda" in stats:
-        check_token_inputs(logprobs=logprobs, **{"quatro/lambda": stats["quatro/lambda"]})
-    ctx = TokenContext(mask=mask, seq_ids=seq_ids, prompt_ids=prompt_ids, dp_group=dp_group,
-                       batch_stats=stats)
+        check_token_inputs({"logprobs": inputs.logprobs, "quatro/lambda": stats["quatro/lambda"]})
+    ctx = TokenContext(mask=mask, seq_ids=inputs.seq_ids, prompt_ids=inputs.prompt_ids,
+                       dp_group=dp_group, batch_stats=stats)
     out = surrogate(cfg, lp, old, adv, ctx)
     pg = out.loss
     metrics: dict[str, torch.Tensor] = {}
     m = mask.to(lp.dtype)
     if cfg.corrects_rollout:
         rc = cfg.effective_rollout_correction
-        c, dropped = correction_factor(rc, old, t["rollout_logprobs"], mask, seq_ids)
+        c, dropped = correction_factor(rc, old, clean.rollout_logprobs, mask, inputs.seq_ids)
         pg = pg * c.to(pg.dtype)
         metrics.update(correction_metrics(rc, c.to(m.dtype), dropped, mask, n_glob))
 
     def agg(x: torch.Tensor) -> torch.Tensor:
-        return aggregate(x, mask, cfg.effective_aggregation, num_tokens_global=n_glob,
-                         num_seqs_global=num_seqs_global, seq_ids=seq_ids,
-                         norm_constant=cfg.norm_constant)
+        return aggregate(x, clean, cfg.effective_aggregation, norm_constant=cfg.norm_constant)
 
     loss = agg(pg)
     metrics["loss/pg"] = loss.detach()
     if cfg.kl_coef > 0:
-        kl_term = agg(kl_to_reference(lp, t["ref_logprobs"], cfg.kl_type))
+        kl_term = agg(kl_to_reference(lp, clean.ref_logprobs, cfg.kl_type))
         loss = loss + cfg.kl_coef * kl_term
         metrics["loss/kl"] = kl_term.detach()
-    if entropy is not None:
-        ent = t["entropy"]
+    if inputs.entropy is not None:
+        ent = clean.entropy
         metrics["policy/entropy_mean"] = (ent.detach() * m).sum() / n_glob
         if cfg.entropy_coef > 0:
             ent_term = agg(ent)

@@ -10,7 +10,12 @@ Sequences must not be split across calls (each call sees a response's full lengt
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from megatron_maspo.loss.inputs import LossInputs
 
 
 def seq_token_counts(mask: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
@@ -31,25 +36,26 @@ def local_units(mode: str, mask: torch.Tensor, seq_ids: torch.Tensor | None) -> 
     return int(torch.unique(seq_ids[mask.bool()]).numel())
 
 
-def aggregate(loss_T: torch.Tensor, mask: torch.Tensor, mode: str, *, num_tokens_global: float,
-              num_seqs_global: float | None = None, seq_ids: torch.Tensor | None = None,
+def aggregate(loss_T: torch.Tensor, inputs: LossInputs, mode: str, *,
               norm_constant: float | None = None) -> torch.Tensor:
     """This call's share of the aggregated loss (plain-autograd form).
 
     Args:
         loss_T: [T] per-token loss.
-        mask: [T] bool/float valid-token mask.
+        inputs: the call's ``mask`` ([T] bool/float valid tokens), ``seq_ids`` ([T] response index,
+            seq-mean-token-mean), ``num_tokens_global`` (N, valid tokens of the whole mini-batch:
+            all micro-batches, DP×CP) and ``num_seqs_global`` (S, responses of the whole
+            mini-batch, seq-mean-* modes); the other fields are not read.
         mode: 'token-mean' Σmℓ/N; 'seq-mean-token-mean' Σ_i (1/|o_i|)Σ_t mℓ / S;
             'seq-mean-token-sum' Σmℓ / S; 'seq-mean-token-sum-norm' Σmℓ / C (Dr.GRPO).
-        num_tokens_global: N, valid tokens of the whole mini-batch (all micro-batches, DP×CP).
-        num_seqs_global: S, responses of the whole mini-batch (seq-mean-* modes).
-        seq_ids: [T] response index per token (seq-mean-token-mean).
         norm_constant: C (seq-mean-token-sum-norm).
 
     Returns:
         0-d tensor; summed over micro-batches and DP ranks it equals the mini-batch loss. With DP
         gradients *averaged* (not summed), multiply by the DP size.
     """
+    mask, seq_ids = inputs.mask, inputs.seq_ids
+    num_tokens_global, num_seqs_global = inputs.num_tokens_global, inputs.num_seqs_global
     m = mask.to(loss_T.dtype)
     if mode == "token-mean":
         return (loss_T * m).sum() / num_tokens_global

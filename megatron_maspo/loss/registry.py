@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields, is_dataclass, replace
+from typing import Any
 
 import torch
 
@@ -33,10 +34,11 @@ METHOD_REGISTRY: dict[str, SurrogateFn] = {
 }
 
 
-def check_token_inputs(**tensors: torch.Tensor | None) -> int:
+def check_token_inputs(tensors: Mapping[str, torch.Tensor | None]) -> int:
     """Check that the given tensors are 1-D and of equal length, with sensible dtypes.
 
-    ``*_ids`` must be integer, ``mask`` bool or numeric, everything else floating point.
+    ``tensors`` maps a name (used in the messages, checked in order; None entries are skipped) to
+    a tensor. ``*_ids`` must be integer, ``mask`` bool or numeric, everything else floating point.
 
     Returns:
         T, the common length. Raises ValueError/TypeError naming the offending tensor.
@@ -72,7 +74,8 @@ def surrogate(cfg: LossConfig, logprobs: torch.Tensor, old_logprobs: torch.Tenso
 
 
 def token_losses(method: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                 advantages: torch.Tensor, **params: object) -> torch.Tensor:
+                 advantages: torch.Tensor, params: Mapping[str, object] | None = None
+                 ) -> torch.Tensor:
     """Per-token loss (negated objective) of ``method`` before aggregation.
 
     Args:
@@ -80,9 +83,9 @@ def token_losses(method: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor
         logprobs: [T] float, log π_θ of the sampled tokens; the only input that carries gradient.
         old_logprobs: [T] float, log π_old (detached inside).
         advantages: [T] float, Â per token (detached inside).
-        **params: fields of the method's parameter group (``LossConfig.<method>``: e.g. alpha,
-            beta_high for 'maspo'; eps_low, eps_high, dual_clip_c for 'grpo') or scalar LossConfig
-            fields (log_ratio_clamp); ``mask``, ``seq_ids``, ``prompt_ids`` and ``dp_group`` are
+        params: by name, fields of the method's parameter group (``LossConfig.<method>``: e.g.
+            alpha, beta_high for 'maspo'; eps_low, eps_high, dual_clip_c for 'grpo') or scalar
+            LossConfig fields (log_ratio_clamp); ``mask``, ``seq_ids``, ``prompt_ids`` and ``dp_group`` are
             also accepted for BAPO / QUATRO / GSPO statistics ('gspo' without ``seq_ids`` treats
             all T tokens as one response).
 
@@ -94,6 +97,7 @@ def token_losses(method: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor
     """
     if method not in METHOD_REGISTRY:
         raise ValueError(f"unknown method {method!r}; registered: {sorted(METHOD_REGISTRY)}")
+    params: dict[str, Any] = dict(params or {})  # values: config fields or [T] tensors
     ctx_keys = {"mask", "seq_ids", "prompt_ids", "dp_group"}
     if method == "gspo" and params.get("seq_ids") is None:
         # one response by default, as `mask` defaults to all-valid
@@ -111,8 +115,9 @@ def token_losses(method: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor
     group = replace(getattr(default, method), **{k: v for k, v in params.items() if k in own})
     cfg = LossConfig(method=method, **{method: group}, **{k: v for k, v in params.items() if k in top})
     mask = params.get("mask")
-    check_token_inputs(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
-                       mask=mask, seq_ids=params.get("seq_ids"), prompt_ids=params.get("prompt_ids"))
+    check_token_inputs({"logprobs": logprobs, "old_logprobs": old_logprobs,
+                        "advantages": advantages, "mask": mask, "seq_ids": params.get("seq_ids"),
+                        "prompt_ids": params.get("prompt_ids")})
     for name, t in (("logprobs", logprobs), ("old_logprobs", old_logprobs), ("advantages", advantages)):
         if not torch.isfinite(t).all():
             raise ValueError(f"{name} has {int((~torch.isfinite(t)).sum())} non-finite value(s)")

@@ -64,7 +64,7 @@ def _sft_steps(actor: Any, examples: list, tokenizer: Any, tc: TrainConfig, it: 
         samples = sft_samples(examples, tokenizer, idx)
         # One mini-batch holding every sample (the RL plan would split it into several).
         plan = actor.plan_one(samples)  # the actor's packing rules (CP padding, per-rank budget)
-        actor.fill_old_logprobs(samples, [plan])
+        actor.old_logprobs.fill(samples, [plan])
         ctx = actor.forward_backward(samples, plan)
         for group in actor.optimizer.param_groups:
             group["lr"] = tc.sft_lr

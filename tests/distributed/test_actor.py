@@ -26,11 +26,11 @@ def _procedure(actor) -> dict:
     samples = H.make_samples()
     out = {"lp_before": actor.compute_logprobs(samples)[0]}
     plans, _, _ = actor.plan(samples)
-    actor.fill_old_logprobs(samples, plans)
+    actor.old_logprobs.fill(samples, plans)
     for k, plan in enumerate(plans):
         ctx = actor.forward_backward(samples, plan)
         if k == 0:
-            out["first_dev"] = actor._first_ratio_dev(samples, plan, ctx)
+            out["first_dev"] = actor.old_logprobs.first_ratio_dev(samples, plan, ctx)
         out[f"loss{k}"] = actor._reduce_metrics(ctx.metrics)["actor/loss"]
         out[f"grads{k}"] = H.full_tensors(actor, grads=True)
         out[f"step{k}"] = actor.optimizer_step(ctx)
@@ -115,9 +115,9 @@ def _moe_procedure(actor) -> dict:
     rows: list = [None] * dist.get_world_size()  # [rank][all micro-batches] packed row lengths
     dist.all_gather_object(rows, [int(mb.tokens.numel()) for p in plans for mb in p.micro_batches])
     out["row_lens"] = rows
-    actor.fill_old_logprobs(samples, plans)
+    actor.old_logprobs.fill(samples, plans)
     ctx = actor.forward_backward(samples, plans[0])
-    out["first_dev"] = actor._first_ratio_dev(samples, plans[0], ctx)
+    out["first_dev"] = actor.old_logprobs.first_ratio_dev(samples, plans[0], ctx)
     out["loss"] = actor._reduce_metrics(ctx.metrics)["actor/loss"]
     out["grads"] = H.full_tensors(actor, grads=True)
     out["step"] = actor.optimizer_step(ctx)

@@ -34,7 +34,7 @@ def _run(world: int, layout: dict, loss: LossConfig) -> dict:
     actor.loss_cfg = loss
     samples = H.make_samples(n_prompts=4, group=4)
     plans, _, _ = actor.plan(samples)
-    actor.fill_old_logprobs(samples, plans)
+    actor.old_logprobs.fill(samples, plans)
     out: dict = {"micro_batches": [len(p.micro_batches) for p in plans]}
     for k, plan in enumerate(plans):
         ctx = actor.forward_backward(samples, plan)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from megatron_maspo.loss import LossConfig, compute_policy_loss
+from megatron_maspo.loss import LossConfig, LossInputs, compute_policy_loss
 from megatron_maspo.loss.params import GspoParams, RolloutCorrectionParams
 from tests.distributed._launch import run_workers
 
@@ -50,9 +50,10 @@ def _run(micro, corrected, n_glob, s_glob, group=None):
     total = torch.zeros((), dtype=F64)
     for seqs in micro:
         sel = torch.isin(seq_ids, torch.tensor(seqs))
-        loss, _ = compute_policy_loss(_cfg(corrected), leaf[sel], old[sel], adv[sel], mask[sel],
-                                      num_tokens_global=n_glob, num_seqs_global=s_glob,
-                                      seq_ids=seq_ids[sel], rollout_logprobs=rollout[sel])
+        loss, _ = compute_policy_loss(_cfg(corrected), LossInputs(
+            logprobs=leaf[sel], old_logprobs=old[sel], advantages=adv[sel], mask=mask[sel],
+            num_tokens_global=n_glob, num_seqs_global=s_glob, seq_ids=seq_ids[sel],
+            rollout_logprobs=rollout[sel]))
         loss.backward()
         total = total + loss.detach()
     grad = leaf.grad.clone()

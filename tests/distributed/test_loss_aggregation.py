@@ -7,7 +7,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from megatron_maspo.loss import LossConfig, compute_policy_loss, local_units, megatron_loss_tuple
+from megatron_maspo.loss import (
+    LossConfig,
+    LossInputs,
+    compute_policy_loss,
+    local_units,
+    megatron_loss_tuple,
+)
 from megatron_maspo.loss.metrics import accumulate_metrics, reduce_metrics
 from tests.distributed._launch import run_workers
 
@@ -42,9 +48,10 @@ def _run(seqs_per_micro, mode, method, dp_group, n_glob, s_glob, megatron):
     total, metrics, count = torch.zeros((), dtype=F64), {}, 0
     for seqs in seqs_per_micro:
         sel = torch.isin(seq_ids, torch.tensor(seqs))
-        loss, met = compute_policy_loss(_cfg(mode, method), leaf[sel], old[sel], adv[sel], mask[sel],
-                                        num_tokens_global=n_glob, num_seqs_global=s_glob,
-                                        seq_ids=seq_ids[sel], entropy=ent[sel], dp_group=dp_group)
+        loss, met = compute_policy_loss(_cfg(mode, method), LossInputs(
+            logprobs=leaf[sel], old_logprobs=old[sel], advantages=adv[sel], mask=mask[sel],
+            num_tokens_global=n_glob, num_seqs_global=s_glob, seq_ids=seq_ids[sel],
+            entropy=ent[sel]), dp_group=dp_group)
         if megatron:
             units_tok = mode in ("token-mean", "seq-mean-token-sum-norm")
             n_units = local_units("token-mean" if units_tok else mode, mask[sel], seq_ids[sel])

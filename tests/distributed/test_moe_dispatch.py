@@ -32,7 +32,7 @@ def _run(world: int, ep: int, dispatcher: str) -> dict:
     rows: list = [None] * world
     dist.all_gather_object(rows, [int(mb.tokens.numel()) for p in plans for mb in p.micro_batches])
     out["row_lens"] = rows
-    actor.fill_old_logprobs(samples, plans)
+    actor.old_logprobs.fill(samples, plans)
     ctx = actor.forward_backward(samples, plans[0])
     out["loss"] = actor._reduce_metrics(ctx.metrics)["actor/loss"]
     out["grads"] = H.full_tensors(actor, grads=True)

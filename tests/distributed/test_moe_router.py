@@ -37,7 +37,7 @@ def _case(world: int, fields: dict) -> dict:
     for s in samples:
         s.advantage = 0.0
     plans, _, _ = actor.plan(samples)
-    actor.fill_old_logprobs(samples, plans)
+    actor.old_logprobs.fill(samples, plans)
     actor.forward_backward(samples, plans[0])
     grads = H.full_tensors(actor, grads=True)
     router = {k: v for k, v in grads.items() if k.endswith("router.weight")}

@@ -35,13 +35,13 @@ def _actor(world: int, *, recompute: bool, kl: float = 0.0, mini_batches: int = 
 def _run(actor: MegatronActor) -> dict:
     """One ``train_step`` (the real path), counting policy log-prob passes; grads of its mini-batch."""
     calls = []
-    inner = actor._logprobs_local
+    inner = actor.logprobs_local
 
     def counting(samples, plans, *, model):
         calls.append(model)
         return inner(samples, plans, model=model)
 
-    actor._logprobs_local = counting
+    actor.logprobs_local = counting
     samples = H.make_samples(seed=4)
     m = actor.train_step(samples)
     old = [s.old_logprobs for s in samples]

@@ -34,7 +34,7 @@ def _one(world: int, backend: str, tp: int = 1, pp: int = 1) -> dict:
     plans, _, _ = actor.plan(samples)
     out: dict = {"seq_lens": [mb.seq_lens for p in plans for mb in p.micro_batches]}
     out["lp"] = actor.compute_logprobs(samples)[0]
-    actor.fill_old_logprobs(samples, plans)
+    actor.old_logprobs.fill(samples, plans)
     ctx = actor.forward_backward(samples, plans[0])
     out["loss"] = actor._reduce_metrics(ctx.metrics)["actor/loss"]
     out["grads"] = H.full_tensors(actor, grads=True)

@@ -77,13 +77,13 @@ def _ep2_worker(rank: int, world: int, d: str) -> dict:
     res = {}
     for mode in ("all", "old_logprobs"):
         actor.replay_mode = mode
-        actor.fill_old_logprobs(samples, plans)
+        actor.old_logprobs.fill(samples, plans)
         ctx = actor.forward_backward(samples, plans[0])
-        res[mode] = actor._first_ratio_dev(samples, plans[0], ctx)
+        res[mode] = actor.old_logprobs.first_ratio_dev(samples, plans[0], ctx)
     # a sample without routed experts: its micro-batch runs unreplayed, and is counted
     actor.replay_mode = "all"
     samples[0].routed_experts = None
-    actor.fill_old_logprobs(samples, plans)
+    actor.old_logprobs.fill(samples, plans)
     res["missing"] = actor.replay.missing
     return res
 

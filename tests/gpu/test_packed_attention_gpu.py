@@ -28,7 +28,7 @@ def _run(world: int, backend: str, tp: int) -> dict:
     plans, _, _ = actor.plan(samples)
     out = {"lp": actor.compute_logprobs(samples)[0],
            "rows": [int(mb.tokens.numel()) for p in plans for mb in p.micro_batches]}
-    actor.fill_old_logprobs(samples, plans)
+    actor.old_logprobs.fill(samples, plans)
     ctx = actor.forward_backward(samples, plans[0])
     out["loss"] = actor._reduce_metrics(ctx.metrics)["actor/loss"]
     out["grads"] = H.full_tensors(actor, grads=True)

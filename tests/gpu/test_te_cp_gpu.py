@@ -29,7 +29,7 @@ def _run(world: int, backend: str, cp: int, comm_type: str) -> dict:
     samples = H.make_samples()
     plans, _, _ = actor.plan(samples)
     out = {"lp": actor.compute_logprobs(samples)[0]}
-    actor.fill_old_logprobs(samples, plans)
+    actor.old_logprobs.fill(samples, plans)
     ctx = actor.forward_backward(samples, plans[0])
     out["loss"] = actor._reduce_metrics(ctx.metrics)["actor/loss"]
     return out

@@ -30,6 +30,7 @@ from megatron_maspo.loss.group_stats import (
     needs_prompt_stats,
     reps_prompt_lambdas,
 )
+from megatron_maspo.loss.inputs import LossInputs
 from megatron_maspo.train.actor.packing import MiniBatchPlan
 from megatron_maspo.train.actor.samples import Sample
 
@@ -76,7 +77,8 @@ def prepare_batch_stats(cfg: LossConfig, samples: Sequence[Sample], plan: MiniBa
         for i, n in zip(mb.sample_index, mb.resp_lens):
             s = samples[i]
             if s.old_logprobs is None:
-                raise ValueError(f"sample {i} has no old_logprobs: run fill_old_logprobs first")
+                raise ValueError(f"sample {i} has no old_logprobs: run the old-log-prob recompute "
+                                 "(OldLogprobs.fill) first")
             old = s.old_logprobs[:n].float()
             lp, ent = (old, torch.zeros(n)) if use_old else current[i]
             parts["lp"].append(lp.float())
@@ -88,10 +90,11 @@ def prepare_batch_stats(cfg: LossConfig, samples: Sequence[Sample], plan: MiniBa
             for k, v in parts.items()}
     flat = {k: v.to(device) for k, v in flat.items()}
     prompts = sorted({s.prompt_index for s in samples})  # same list on every rank
-    stats, lambdas = mini_batch_stats(
-        cfg, logprobs=flat["lp"], old_logprobs=flat["old"], advantages=flat["adv"],
-        mask=torch.ones_like(flat["lp"], dtype=torch.bool), prompt_ids=flat["pid"], prompts=prompts,
-        entropy=None if use_old else flat["ent"], dp_group=dp_group)
+    tokens = LossInputs(logprobs=flat["lp"], old_logprobs=flat["old"], advantages=flat["adv"],
+                        mask=torch.ones_like(flat["lp"], dtype=torch.bool),
+                        num_tokens_global=plan.num_tokens_global, prompt_ids=flat["pid"],
+                        entropy=None if use_old else flat["ent"])
+    stats, lambdas = mini_batch_stats(cfg, tokens, prompts, dp_group=dp_group)
     for mb in plan.micro_batches:
         for i in mb.sample_index:
             if lambdas:

@@ -1,4 +1,4 @@
-"""The Megatron-Core actor: log-prob recompute and the MASPO training step over TP x PP x DP (x EP).
+"""The Megatron-Core actor: the MASPO training step over TP x PP x DP (x EP) and its log-probs.
 
 One rollout step (loss-formulas.md §0.3) is :meth:`MegatronActor.train_step`:
 
@@ -7,8 +7,8 @@ One rollout step (loss-formulas.md §0.3) is :meth:`MegatronActor.train_step`:
 2. recompute ``log π_old`` (and ``log π_ref`` when a KL term is on) with **the same** packing and
    micro-batches as training, so ``ρ = 1`` exactly on the first mini-batch (``check_first_ratio``).
    With a single mini-batch the weights cannot move before it is trained, so ``log π_old`` *is* the
-   training forward's own log-prob: the recompute is skipped and its detached value used instead
-   (:meth:`MegatronActor.reuses_forward_logprobs`), unless ``check_first_ratio`` asks for the check;
+   training forward's own log-prob: the recompute is skipped and its detached value used instead,
+   unless ``check_first_ratio`` asks for the check (both paths: :mod:`old_logprobs`);
 3. per mini-batch: Megatron's pipeline schedule with the fused hidden→log-prob forward
    (:mod:`forward`), exact global token-mean via ``calculate_per_token_loss``, one all-reduce of
    the "all finite?" flag, then AdamW + clipping + LR schedule, or a skipped step on NaN/inf.
@@ -30,7 +30,7 @@ import torch
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron_maspo.loss.config import LossConfig
-from megatron_maspo.loss.group_stats import needs_current_logprobs
+from megatron_maspo.loss.inputs import LossInputs
 from megatron_maspo.loss.metrics import finalize_metrics, reduce_metrics
 from megatron_maspo.loss.policy import compute_policy_loss
 from megatron_maspo.model.config import ModelConfig
@@ -58,6 +58,7 @@ from megatron_maspo.train.actor.forward import (
 from megatron_maspo.train.actor.inference import actor_build_options
 from megatron_maspo.train.actor.moe_metrics import RouterMonitor
 from megatron_maspo.train.actor.offload import StateOffloader, offload_categories, training_tensors
+from megatron_maspo.train.actor.old_logprobs import OldLogprobs
 from megatron_maspo.train.actor.optimizer import build_optimizer, grads_finite, overlap_options
 from megatron_maspo.train.actor.packing import (
     MiniBatchPlan,
@@ -75,8 +76,6 @@ from megatron_maspo.train.actor.samples import Sample
 from megatron_maspo.train.config import OptimConfig, TrainConfig
 
 logger = logging.getLogger(__name__)
-
-FIRST_RATIO_TOL = 1e-6
 
 
 class MegatronActor:
@@ -150,8 +149,8 @@ class MegatronActor:
             enabled=offload_categories(train.offload_params, train.offload_grads, train.offload_optimizer),
             device=self.device)
         self._logprob_hook: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-        self._old_from_forward = False  # see reuses_forward_logprobs
-        self._at_old_policy = False  # parameters still equal π_old's (ρ = 1): set by the recompute
+        # π_old of each step: recomputed through logprobs_local, or the training forward's
+        self.old_logprobs = OldLogprobs(self)
 
     # ------------------------------------------------------------------ planning
     def _packing(self) -> tuple[int, dict]:
@@ -241,8 +240,8 @@ class MegatronActor:
                            chunk_bytes=self.train_cfg.logprob_chunk_bytes,
                            sequence_parallel=self.opts.sequence_parallel)
 
-    def _logprobs_local(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *,
-                        model: str, replay: bool = False) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    def logprobs_local(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *, model: str,
+                       replay: bool = False) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """``{sample: ([L'] log-prob, [L'] entropy)}`` for this DP shard, on the last stage only."""
         if model not in ("policy", "reference"):
             raise ValueError(f"model={model!r}; accepted: 'policy', 'reference'")
@@ -272,7 +271,7 @@ class MegatronActor:
         """
         self._require_resident()
         plans, _, _ = self.plan(samples)
-        local = self._logprobs_local(samples, plans, model=model)
+        local = self.logprobs_local(samples, plans, model=model)
         g = self.groups
         mine = local if (g.is_last_stage and g.tp_rank == 0) else {}
         parts = comm.all_gather_object(mine)
@@ -301,40 +300,13 @@ class MegatronActor:
             dataclasses.replace(self.loss_cfg, nonfinite="mask")
         if self._logprob_hook is not None:  # fault injection (MASPO_FAULT kind=nan) for this step
             lp = self._logprob_hook(lp, mb.loss_mask.bool())
-        old = mb.old_logprobs
-        if old is None and self._old_from_forward:  # one mini-batch: π_old is this very forward
-            old = lp.detach()
-        return compute_policy_loss(
-            lcfg, lp, old, mb.advantages, mb.loss_mask,
-            num_tokens_global=plan.num_tokens_global, num_seqs_global=plan.num_seqs_global,
-            seq_ids=mb.seq_ids, entropy=ent, ref_logprobs=mb.ref_logprobs,
-            rollout_logprobs=mb.rollout_logprobs, prompt_ids=mb.prompt_ids,
-            dp_group=self.groups.dp_cp_group, batch_stats={**stats, **mb.group_stats})
-
-    def reuses_forward_logprobs(self, plans: list[MiniBatchPlan]) -> bool:
-        """True when the old-log-prob recompute provably equals the training forward (one mini-batch:
-        no optimizer step between them), ``train.check_first_ratio`` does not ask to verify it and no
-        mini-batch statistic (BAPO's bounds, QUATRO's dual ascent) needs π_old before the forward."""
-        return (len(plans) == 1 and not self.train_cfg.check_first_ratio
-                and not needs_current_logprobs(self.loss_cfg)
-                and self.replay_mode != "old_logprobs")  # the training forward does not replay
-
-    def fill_old_logprobs(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *,
-                          policy: bool = True) -> None:
-        """Recompute ``old_logprobs`` (if ``policy``) and ``ref_logprobs`` (if a KL term is on) for this
-        rank's samples; without ``policy`` the old ones are cleared (the training forward's are used)."""
-        want_ref = self.loss_cfg.kl_coef > 0
-        self._old_from_forward = not policy
-        if not policy:
-            for s in samples:
-                s.old_logprobs = None
-        for name, which, needed in (("old_logprobs", "policy", policy),
-                                    ("ref_logprobs", "reference", want_ref)):
-            if needed:  # always: every PP stage must join the schedule, whatever the samples hold
-                kw = {"replay": True} if which == "policy" and self.replay is not None else {}
-                for i, (lp, _) in self._logprobs_local(samples, plans, model=which, **kw).items():
-                    setattr(samples[i], name, lp)
-        self._at_old_policy = True
+        inputs = LossInputs(
+            logprobs=lp, old_logprobs=self.old_logprobs.for_loss(mb.old_logprobs, lp),
+            advantages=mb.advantages, mask=mb.loss_mask, num_tokens_global=plan.num_tokens_global,
+            num_seqs_global=plan.num_seqs_global, seq_ids=mb.seq_ids, prompt_ids=mb.prompt_ids,
+            entropy=ent, ref_logprobs=mb.ref_logprobs, rollout_logprobs=mb.rollout_logprobs,
+            batch_stats={**stats, **mb.group_stats})
+        return compute_policy_loss(lcfg, inputs, dp_group=self.groups.dp_cp_group)
 
     def forward_backward(self, samples: Sequence[Sample], plan: MiniBatchPlan) -> StepContext:
         """Zero the grads, run one mini-batch forward+backward; grads end DP-reduced and ÷N_glob."""
@@ -342,8 +314,8 @@ class MegatronActor:
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
         stats = prepare_batch_stats(  # whole-group / whole-mini-batch statistics (BAPO, QUATRO)
-            self.loss_cfg, samples, plan, at_old_policy=self._at_old_policy,
-            probe=lambda: self._logprobs_local(samples, [plan], model="policy"),
+            self.loss_cfg, samples, plan, at_old_policy=self.old_logprobs.at_old_policy,
+            probe=lambda: self.logprobs_local(samples, [plan], model="policy"),
             is_last_stage=self.groups.is_last_stage, dp_group=self.groups.dp_group, device=self.device)
         ctx = self._context()
         ctx.loss_fn, ctx.batch_stats = partial(self._loss_fn, plan, stats), stats
@@ -383,7 +355,7 @@ class MegatronActor:
         lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step(increment=1)
         self.steps_done += 1
-        self._at_old_policy = False
+        self.old_logprobs.at_old_policy = False
         return {"actor/step_skipped": 0.0 if ok else 1.0, "actor/grad_norm": float(grad_norm or 0.0),
                 "actor/lr": float(lr)}
 
@@ -399,26 +371,6 @@ class MegatronActor:
             out = comm.broadcast_object(out, src=torch.distributed.get_global_rank(g.pp_group, g.pp - 1),
                                         group=g.pp_group)
         return out
-
-    def _store_forward_logprobs(self, samples: Sequence[Sample], plan: MiniBatchPlan,
-                                ctx: StepContext) -> None:
-        """``old_logprobs`` of this rank's samples from the training forward (last stage only); later
-        forwards need a recompute again (the optimizer step moves the weights)."""
-        self._old_from_forward = False
-        for mb, lp in zip(plan.micro_batches, ctx.logprobs):
-            for i, part in zip(mb.sample_index, lp.cpu().split(mb.resp_lens)):
-                samples[i].old_logprobs = part
-
-    def _first_ratio_dev(self, samples: Sequence[Sample], plan: MiniBatchPlan,
-                         ctx: StepContext) -> float:
-        dev = torch.zeros(1, dtype=torch.float64)
-        if self.groups.is_last_stage:
-            for mb, lp in zip(plan.micro_batches, ctx.logprobs):
-                if mb.num_tokens:
-                    old = torch.cat([samples[i].old_logprobs for i in mb.sample_index])
-                    dev = torch.maximum(dev, (lp.cpu().double() - old.double()).abs().max().view(1))
-        comm.all_reduce(dev, op=comm.ReduceOp.MAX)
-        return float(dev)
 
     def train_step(self, samples: Sequence[Sample], *,
                    progress: Callable[[int], None] | None = None,
@@ -449,9 +401,9 @@ class MegatronActor:
         plans, _, stats = self.plan(samples)
         for c in self.chunks:
             c.train()
-        reuse = self.reuses_forward_logprobs(plans)
+        reuse = self.old_logprobs.reuses_forward(plans)
         with self.phase("old_logprobs"):
-            self.fill_old_logprobs(samples, plans, policy=not reuse)
+            self.old_logprobs.fill(samples, plans, policy=not reuse)
         sums: dict[str, float] = {}
         out: dict[str, float] = {"actor/truncated": float(stats.truncated),
                                  "actor/truncated_tokens": float(stats.truncated_tokens),
@@ -465,15 +417,9 @@ class MegatronActor:
                 skipped += 1
                 continue
             ctx = self.forward_backward(samples, plan)
-            if k == 0 and reuse:  # ρ = 1 by construction; keep the old log-probs for diagnostics
-                self._store_forward_logprobs(samples, plan, ctx)
-                out["actor/first_ratio_max_abs_dev"] = 0.0
-            elif k == 0:
-                dev = self._first_ratio_dev(samples, plan, ctx)
-                out["actor/first_ratio_max_abs_dev"] = dev
-                if self.train_cfg.check_first_ratio and dev > FIRST_RATIO_TOL:
-                    raise RuntimeError(f"first mini-batch |log ρ| max = {dev:.3e} > {FIRST_RATIO_TOL}: "
-                                       "old-log-prob recompute and training forward differ")
+            if k == 0:  # ρ = 1 check (or, reusing the forward, its log-probs kept as π_old)
+                out["actor/first_ratio_max_abs_dev"] = self.old_logprobs.after_first_forward(
+                    samples, plan, ctx, reused=reuse)
             step = self.optimizer_step(ctx)
             skipped += int(step["actor/step_skipped"])
             metrics = {**self._reduce_metrics(ctx.metrics), **step}

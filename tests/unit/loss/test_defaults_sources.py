@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron_maspo.loss import LossConfig, compute_policy_loss, token_losses
+from megatron_maspo.loss import LossConfig, LossInputs, compute_policy_loss, token_losses
 from megatron_maspo.loss.bapo import bapo_search_bounds
 from megatron_maspo.loss.params import BapoParams
 
@@ -26,7 +26,7 @@ def test_cispo_default_is_unclipped_below():
     (g2,) = torch.autograd.grad(token_losses("cispo", logp2, old, adv).sum(), logp2)
     torch.testing.assert_close(g2, -1.2 * adv, rtol=1e-14, atol=1e-15)
     # an explicit eps_low still clips below
-    (g3,) = torch.autograd.grad(token_losses("cispo", logp, old, adv, eps_low=0.2).sum(), logp)
+    (g3,) = torch.autograd.grad(token_losses("cispo", logp, old, adv, {"eps_low": 0.2}).sum(), logp)
     torch.testing.assert_close(g3[:3], -torch.clamp(rho[:3], min=0.8) * adv[:3], rtol=1e-14, atol=1e-15)
 
 
@@ -69,8 +69,10 @@ def test_quatro_default_is_query_adaptive():
     prompt = seq // 4
     adv = torch.tensor([2.0, -2.0, 1.5, -1.5, 0.1, -0.1, 0.05, -0.05], dtype=F64)[seq]
     old = -torch.rand(32, generator=g, dtype=F64)
-    _, met = compute_policy_loss(cfg, old + 0.01, old, adv, torch.ones(32, dtype=torch.bool),
-                                 num_tokens_global=32, seq_ids=seq, prompt_ids=prompt)
+    _, met = compute_policy_loss(cfg, LossInputs(
+        logprobs=old + 0.01, old_logprobs=old, advantages=adv,
+        mask=torch.ones(32, dtype=torch.bool), num_tokens_global=32, seq_ids=seq,
+        prompt_ids=prompt))
     from megatron_maspo.loss.base import TokenContext
     from megatron_maspo.loss.quatro import _lambdas, quatro_divergence
     lam = _lambdas(cfg, quatro_divergence(torch.zeros(32, dtype=F64), "kl_new_old", False), adv,

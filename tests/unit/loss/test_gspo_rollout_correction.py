@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from megatron_maspo.loss import LossConfig, compute_policy_loss
+from megatron_maspo.loss import LossConfig, LossInputs, compute_policy_loss
 from megatron_maspo.loss.params import GspoParams, RolloutCorrectionParams
 from megatron_maspo.loss.registry import METHOD_REGISTRY, token_losses
 
@@ -61,8 +61,9 @@ def test_gspo_matches_reference(spread):
         for eps in ((3e-4, 4e-4), (0.01, 0.02)):
             cfg = LossConfig(method="gspo", gspo=GspoParams(eps_low=eps[0], eps_high=eps[1]))
             x = logp.clone().requires_grad_()
-            loss, met = compute_policy_loss(cfg, x, old, adv, mask, num_tokens_global=int(mask.sum()),
-                                            num_seqs_global=n_seq, seq_ids=seq_ids)
+            loss, met = compute_policy_loss(cfg, LossInputs(
+                logprobs=x, old_logprobs=old, advantages=adv, mask=mask,
+                num_tokens_global=int(mask.sum()), num_seqs_global=n_seq, seq_ids=seq_ids))
             (g,) = torch.autograd.grad(loss, x)
             y = logp.clone().requires_grad_()
             ref = _gspo_reference(y, old, adv, mask, seq_ids, *eps)
@@ -72,8 +73,9 @@ def test_gspo_matches_reference(spread):
             assert g.abs().sum() > 0
     # non-vacuous: at the paper's 3e-4 / 4e-4 some sequences clip and some do not
     logp, old, adv, _, mask, seq_ids = _batch(0, spread=1e-3)
-    _, met = compute_policy_loss(LossConfig(method="gspo"), logp, old, adv, mask,
-                                 num_tokens_global=int(mask.sum()), num_seqs_global=7, seq_ids=seq_ids)
+    _, met = compute_policy_loss(LossConfig(method="gspo"), LossInputs(
+        logprobs=logp, old_logprobs=old, advantages=adv, mask=mask,
+        num_tokens_global=int(mask.sum()), num_seqs_global=7, seq_ids=seq_ids))
     clipped = float(met["clip/frac_pos"] + met["clip/frac_neg"])
     assert 0 < clipped < float(met["tokens/pos_frac"] + met["tokens/neg_frac"])
 
@@ -84,8 +86,9 @@ def test_gspo_token_gradient_equals_sequence_level_gspo():
     logp, old, adv, _, mask, seq_ids = _batch(3, spread=1e-3)
     n_seq = len(set(seq_ids[mask].tolist()))
     x = logp.clone().requires_grad_()
-    loss, _ = compute_policy_loss(LossConfig(method="gspo"), x, old, adv, mask,
-                                  num_tokens_global=int(mask.sum()), num_seqs_global=n_seq, seq_ids=seq_ids)
+    loss, _ = compute_policy_loss(LossConfig(method="gspo"), LossInputs(
+        logprobs=x, old_logprobs=old, advantages=adv, mask=mask, num_tokens_global=int(mask.sum()),
+        num_seqs_global=n_seq, seq_ids=seq_ids))
     (g,) = torch.autograd.grad(loss, x)
     y = logp.clone().requires_grad_()
     ref = torch.zeros((), dtype=F64)
@@ -105,7 +108,9 @@ def test_gspo_needs_seq_ids_and_defaults():
     assert cfg.effective_aggregation == "seq-mean-token-mean"
     logp, old, adv, _, mask, _ = _batch(1)
     with pytest.raises(ValueError, match="seq_ids"):
-        compute_policy_loss(cfg, logp, old, adv, mask, num_tokens_global=10, num_seqs_global=3)
+        compute_policy_loss(cfg, LossInputs(
+            logprobs=logp, old_logprobs=old, advantages=adv, mask=mask, num_tokens_global=10,
+            num_seqs_global=3))
 
 
 def _factor_reference(mode, old, rollout, mask, seq_ids, lo, hi, cap):
@@ -153,9 +158,9 @@ def test_rollout_correction_matches_reference(mode, kw, method):
         logp, old, adv, rollout, mask, seq_ids = _batch(seed, spread=0.3)
         n, s = int(mask.sum()), len(set(seq_ids[mask].tolist()))
         x = logp.clone().requires_grad_()
-        loss, met = compute_policy_loss(LossConfig(method=method, rollout_correction=rc), x, old, adv, mask,
-                                        rollout_logprobs=rollout, num_tokens_global=n, num_seqs_global=s,
-                                        seq_ids=seq_ids)
+        loss, met = compute_policy_loss(LossConfig(method=method, rollout_correction=rc), LossInputs(
+            logprobs=x, old_logprobs=old, advantages=adv, mask=mask, rollout_logprobs=rollout,
+            num_tokens_global=n, num_seqs_global=s, seq_ids=seq_ids))
         (g,) = torch.autograd.grad(loss, x)
         c_ref, dropped_ref = _factor_reference(mode, old, rollout, mask, seq_ids, lo, hi, kw.get("cap"))
         y = logp.clone().requires_grad_()
@@ -192,11 +197,13 @@ def test_rollout_correction_composes_with_every_method(method):
     agg = kw.pop("aggregation")
     corr = LossConfig(method=method, aggregation=agg, rollout_correction=rc)
     x = logp.clone().requires_grad_()
-    loss, _ = compute_policy_loss(corr, x, old, adv, mask, rollout_logprobs=rollout, **kw)
+    loss, _ = compute_policy_loss(corr, LossInputs(
+        logprobs=x, old_logprobs=old, advantages=adv, mask=mask, rollout_logprobs=rollout, **kw))
     (g,) = torch.autograd.grad(loss, x)
     c, _ = _factor_reference("icepop", old, rollout, mask, seq_ids, 0.8, 1.25, None)
     y = logp.clone().requires_grad_()
-    tok = token_losses(method, y, old, adv, mask=mask, seq_ids=seq_ids, prompt_ids=seq_ids // 7)
+    tok = token_losses(method, y, old, adv,
+                       {"mask": mask, "seq_ids": seq_ids, "prompt_ids": seq_ids // 7})
     ref = (tok * c * mask.to(F64)).sum() / n
     (g_ref,) = torch.autograd.grad(ref, y)
     assert abs(float(loss.detach()) - float(ref.detach())) <= 1e-10
@@ -218,5 +225,6 @@ def test_rollout_correction_config():
         RolloutCorrectionParams(mode="token_mask", lower=2.0, upper=1.0)
     logp, old, adv, _, mask, seq_ids = _batch(0)
     with pytest.raises(ValueError, match="rollout_logprobs"):
-        compute_policy_loss(LossConfig(rollout_correction=RolloutCorrectionParams(mode="icepop")),
-                            logp, old, adv, mask, num_tokens_global=10)
+        icepop = LossConfig(rollout_correction=RolloutCorrectionParams(mode="icepop"))
+        compute_policy_loss(icepop, LossInputs(
+            logprobs=logp, old_logprobs=old, advantages=adv, mask=mask, num_tokens_global=10))

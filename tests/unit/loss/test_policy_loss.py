@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from megatron_maspo.loss import LossConfig, compute_policy_loss, megatron_loss_tuple, token_losses
+from megatron_maspo.loss import (
+    LossConfig,
+    LossInputs,
+    compute_policy_loss,
+    megatron_loss_tuple,
+    token_losses,
+)
 from megatron_maspo.loss.bapo import bapo_search_bounds
 from megatron_maspo.loss.metrics import finalize_metrics, reduce_metrics
 from megatron_maspo.loss.params import (
@@ -51,7 +57,8 @@ def test_pinned_metric_keys():
     kw = dict(num_tokens_global=int(mask.sum()), entropy=ent, ref_logprobs=old - 0.1,
               rollout_logprobs=old + 0.05)
     cfg = LossConfig(kl_coef=0.1, entropy_coef=0.01, tis_cap=2.0)
-    _, met = compute_policy_loss(cfg, logp, old, adv, mask, **kw)
+    _, met = compute_policy_loss(cfg, LossInputs(
+        logprobs=logp, old_logprobs=old, advantages=adv, mask=mask, **kw))
     extra = {"loss/kl", "loss/entropy", "policy/entropy_mean", "tis/weight_mean", "tis/truncated_frac",
              "rollout_corr/masked_frac", "rollout_corr/weight_mean"}
     assert set(met) == GATE_KEYS | MASPO_KEYS | extra
@@ -60,11 +67,13 @@ def test_pinned_metric_keys():
                   "bapo": {"bapo/c_low", "bapo/c_high", "bapo/pos_share"},
                   "quatro": {"quatro/lambda_mean", "quatro/divergence_mean"}}
     for method, keys in per_method.items():
-        _, met = compute_policy_loss(LossConfig(method=method), logp, old, adv, mask,
-                                     num_tokens_global=int(mask.sum()), seq_ids=seq, prompt_ids=seq // 2)
+        _, met = compute_policy_loss(LossConfig(method=method), LossInputs(
+            logprobs=logp, old_logprobs=old, advantages=adv, mask=mask,
+            num_tokens_global=int(mask.sum()), seq_ids=seq, prompt_ids=seq // 2))
         assert set(met) == GATE_KEYS | keys, method
-    fin = finalize_metrics(reduce_metrics(compute_policy_loss(LossConfig(), logp, old, adv, mask,
-                                                              num_tokens_global=int(mask.sum()))[1]))
+    fin = finalize_metrics(reduce_metrics(compute_policy_loss(LossConfig(), LossInputs(
+        logprobs=logp, old_logprobs=old, advantages=adv, mask=mask,
+        num_tokens_global=int(mask.sum())))[1]))
     assert "maspo/sigma_mean_d9" in fin and "gate/w_mean_neg" in fin
     w_neg = fin["gate/w_mean_neg"].item()
     assert 0.5 < w_neg <= 1.0  # MASPO never attenuates a negative token by more than ~half (§13.4)
@@ -74,8 +83,11 @@ def test_metrics_are_additive_over_splits():
     logp, old, adv, mask, seq = _batch(8, seed=1)
     n = int(mask.sum())
     cut = int((seq < 4).sum())
-    _, full = compute_policy_loss(LossConfig(), logp, old, adv, mask, num_tokens_global=n)
-    parts = [compute_policy_loss(LossConfig(), logp[s], old[s], adv[s], mask[s], num_tokens_global=n)[1]
+    _, full = compute_policy_loss(LossConfig(), LossInputs(
+        logprobs=logp, old_logprobs=old, advantages=adv, mask=mask, num_tokens_global=n))
+    parts = [compute_policy_loss(LossConfig(), LossInputs(
+                 logprobs=logp[s], old_logprobs=old[s], advantages=adv[s], mask=mask[s],
+                 num_tokens_global=n))[1]
              for s in (slice(0, cut), slice(cut, None))]
     for k, v in full.items():
         if k.endswith("min"):
@@ -95,8 +107,9 @@ def test_metrics_are_additive_over_splits():
 def test_aggregation_formulas_and_megatron_tuple(mode):
     logp, old, adv, mask, seq = _batch(seed=2)
     cfg = LossConfig(method="grpo", aggregation=mode, norm_constant=16.0)
-    loss, _ = compute_policy_loss(cfg, logp, old, adv, mask, num_tokens_global=int(mask.sum()),
-                                  num_seqs_global=6, seq_ids=seq)
+    loss, _ = compute_policy_loss(cfg, LossInputs(
+        logprobs=logp, old_logprobs=old, advantages=adv, mask=mask,
+        num_tokens_global=int(mask.sum()), num_seqs_global=6, seq_ids=seq))
     ell = token_losses("grpo", logp, old, adv) * mask
     if mode == "token-mean":
         want = ell.sum() / mask.sum()
@@ -119,8 +132,9 @@ def test_regularisers_kl_entropy_tis():
     ent = torch.rand_like(old, requires_grad=True)
     roll = old + 0.4 * torch.randn_like(old)
     cfg = LossConfig(method="grpo", kl_coef=0.2, kl_type="k3", entropy_coef=0.05, tis_cap=1.5)
-    loss, met = compute_policy_loss(cfg, logp, old, adv, mask, num_tokens_global=n, entropy=ent,
-                                    ref_logprobs=ref, rollout_logprobs=roll)
+    loss, met = compute_policy_loss(cfg, LossInputs(
+        logprobs=logp, old_logprobs=old, advantages=adv, mask=mask, num_tokens_global=n,
+        entropy=ent, ref_logprobs=ref, rollout_logprobs=roll))
     g_lp, g_ent = torch.autograd.grad(loss, (logp, ent))
     r = (logp.detach() - old).exp()
     w = torch.where(adv > 0, r <= 1.2, r >= 0.8).to(F64)
@@ -130,8 +144,9 @@ def test_regularisers_kl_entropy_tis():
     torch.testing.assert_close(g_ent, -0.05 * mask.to(F64) / n)
     torch.testing.assert_close(met["loss/total"], met["loss/pg"] + 0.2 * met["loss/kl"] - 0.05 * met["loss/entropy"])
     for kind, fn in (("k1", lambda d: d), ("k2", lambda d: 0.5 * d**2)):
-        l2, _ = compute_policy_loss(LossConfig(method="grpo", kl_coef=1.0, kl_type=kind), logp, old,
-                                    torch.zeros_like(adv), mask, num_tokens_global=n, ref_logprobs=ref)
+        l2, _ = compute_policy_loss(LossConfig(method="grpo", kl_coef=1.0, kl_type=kind), LossInputs(
+            logprobs=logp, old_logprobs=old, advantages=torch.zeros_like(adv), mask=mask,
+            num_tokens_global=n, ref_logprobs=ref))
         torch.testing.assert_close(l2, (fn(logp - ref) * mask).sum() / n)
 
 
@@ -140,7 +155,9 @@ def test_advantage_modifiers_compose_with_methods():
     n = int(mask.sum())
     ent = torch.rand_like(old)
     cfg = LossConfig(method="maspo", entropy_adv=EntropyAdvParams(coef=0.4), adv_reweight=AdvReweightParams(alpha=0.1))
-    loss, _ = compute_policy_loss(cfg, logp, old, adv, mask, num_tokens_global=n, entropy=ent)
+    loss, _ = compute_policy_loss(cfg, LossInputs(
+        logprobs=logp, old_logprobs=old, advantages=adv, mask=mask, num_tokens_global=n,
+        entropy=ent))
     a2 = (adv + torch.minimum(0.4 * ent, adv.abs() / 2)) * (0.1 * old.exp() + 0.9)
     torch.testing.assert_close(loss, (token_losses("maspo", logp, old, a2) * mask).sum() / n)
 
@@ -149,28 +166,35 @@ def test_bad_inputs():
     logp, old, adv, mask, _ = _batch()
     n = int(mask.sum())
     with pytest.raises(ValueError, match="old_logprobs has"):
-        compute_policy_loss(LossConfig(), logp, old[:-1], adv, mask, num_tokens_global=n)
+        compute_policy_loss(LossConfig(), LossInputs(
+            logprobs=logp, old_logprobs=old[:-1], advantages=adv, mask=mask, num_tokens_global=n))
     with pytest.raises(ValueError, match="flat"):
-        compute_policy_loss(LossConfig(), logp[None], old, adv, mask, num_tokens_global=n)
+        compute_policy_loss(LossConfig(), LossInputs(
+            logprobs=logp[None], old_logprobs=old, advantages=adv, mask=mask, num_tokens_global=n))
     bad = old.clone()
     bad[int(mask.nonzero()[0])] = float("nan")
     with pytest.raises(ValueError, match="old_logprobs has 1 non-finite"):
-        compute_policy_loss(LossConfig(), logp, bad, adv, mask, num_tokens_global=n)
+        compute_policy_loss(LossConfig(), LossInputs(
+            logprobs=logp, old_logprobs=bad, advantages=adv, mask=mask, num_tokens_global=n))
     with pytest.raises(TypeError, match="advantages must be a floating"):
-        compute_policy_loss(LossConfig(), logp, old, adv.long(), mask, num_tokens_global=n)
+        compute_policy_loss(LossConfig(), LossInputs(
+            logprobs=logp, old_logprobs=old, advantages=adv.long(), mask=mask, num_tokens_global=n))
     with pytest.raises(TypeError, match="seq_ids must be an integer"):
-        compute_policy_loss(LossConfig(), logp, old, adv, mask, num_tokens_global=n, seq_ids=adv)
+        compute_policy_loss(LossConfig(), LossInputs(
+            logprobs=logp, old_logprobs=old, advantages=adv, mask=mask, num_tokens_global=n,
+            seq_ids=adv))
     with pytest.raises(ValueError, match="unknown method"):
         token_losses("ppo2", logp, old, adv)
     with pytest.raises(ValueError, match="sigma_bse"):
-        token_losses("maspo", logp, old, adv, sigma_bse=1.0)
+        token_losses("maspo", logp, old, adv, {"sigma_bse": 1.0})
     with pytest.raises(ValueError, match="non-finite"):
         token_losses("maspo", logp, bad, adv)
     with pytest.raises(ValueError, match="ref_logprobs"):
-        compute_policy_loss(LossConfig(kl_coef=0.1), logp, old, adv, mask, num_tokens_global=n)
+        compute_policy_loss(LossConfig(kl_coef=0.1), LossInputs(
+            logprobs=logp, old_logprobs=old, advantages=adv, mask=mask, num_tokens_global=n))
     with pytest.raises(ValueError, match="num_seqs_global"):
-        compute_policy_loss(LossConfig(aggregation="seq-mean-token-sum"), logp, old, adv, mask,
-                            num_tokens_global=n)
+        compute_policy_loss(LossConfig(aggregation="seq-mean-token-sum"), LossInputs(
+            logprobs=logp, old_logprobs=old, advantages=adv, mask=mask, num_tokens_global=n))
     for field, value in (("method", "x"), ("kl_type", "k4"), ("nonfinite", "ignore"), ("aggregation", "mean"),
                          ("aggregation", "seq-mean-token-sum-norm"), ("kl_coef", -1.0)):
         with pytest.raises(ValueError, match=field):
@@ -191,12 +215,14 @@ def test_nonfinite_mask_mode():
     lp_bad[i] = float("nan")
     lp_bad.requires_grad_()
     cfg = LossConfig(nonfinite="mask")
-    loss, met = compute_policy_loss(cfg, lp_bad, old, adv, mask, num_tokens_global=n)
+    loss, met = compute_policy_loss(cfg, LossInputs(
+        logprobs=lp_bad, old_logprobs=old, advantages=adv, mask=mask, num_tokens_global=n))
     (g,) = torch.autograd.grad(loss, lp_bad)
     assert torch.isfinite(g).all() and g[i] == 0
     m2 = mask.clone()
     m2[i] = False
-    want, _ = compute_policy_loss(LossConfig(), logp, old, adv, m2, num_tokens_global=n)
+    want, _ = compute_policy_loss(LossConfig(), LossInputs(
+        logprobs=logp, old_logprobs=old, advantages=adv, mask=m2, num_tokens_global=n))
     torch.testing.assert_close(loss, want)
     assert met["loss/nonfinite_tokens"].item() == 1.0
 
@@ -258,7 +284,9 @@ def test_quatro_dual_solvers():
     n = int(mask.sum())
     cfg = LossConfig(method="quatro", quatro=QuatroParams(dual_solver="dual_ascent", lambda_init=0.2,
                                                           lambda_lr=0.5, delta=0.01))
-    _, met = compute_policy_loss(cfg, logp, old, adv, mask, num_tokens_global=n, prompt_ids=prompt)
+    _, met = compute_policy_loss(cfg, LossInputs(
+        logprobs=logp, old_logprobs=old, advantages=adv, mask=mask, num_tokens_global=n,
+        prompt_ids=prompt))
     lr = (logp.detach() - old)
     d = lr.exp() * lr
     lam = []
@@ -282,9 +310,12 @@ def test_quatro_dual_solvers():
         best = min(dual(x).item() for x in dense[::10])
         assert dual(lam_q[q]).item() <= best + 1e-3
     with pytest.raises(ValueError, match="prompt_ids"):
-        compute_policy_loss(cfg, logp, old, adv, mask, num_tokens_global=n)
-    loss, _ = compute_policy_loss(LossConfig(method="quatro", quatro=QuatroParams(dual_solver="reps_closed_form")),
-                                  logp, old, adv, mask, num_tokens_global=n, prompt_ids=prompt, seq_ids=seq)
+        compute_policy_loss(cfg, LossInputs(
+            logprobs=logp, old_logprobs=old, advantages=adv, mask=mask, num_tokens_global=n))
+    reps = LossConfig(method="quatro", quatro=QuatroParams(dual_solver="reps_closed_form"))
+    loss, _ = compute_policy_loss(reps, LossInputs(
+        logprobs=logp, old_logprobs=old, advantages=adv, mask=mask, num_tokens_global=n,
+        prompt_ids=prompt, seq_ids=seq))
     assert torch.isfinite(loss)
 
 

@@ -81,7 +81,7 @@ ORACLE_CASES = [
 def test_gradient_matches_weight_oracle(method, params):
     for seed in range(3):
         logp, old, adv = _inputs(seed, spread=1.2 if method == "maspo" else 0.6)
-        (g,) = torch.autograd.grad(token_losses(method, logp, old, adv, **params).sum(), logp)
+        (g,) = torch.autograd.grad(token_losses(method, logp, old, adv, params).sum(), logp)
         r = (logp.detach() - old).exp()
         w = _oracle(method, r, old, adv, **params)
         torch.testing.assert_close(g, -w * r * adv, rtol=1e-12, atol=1e-12)
@@ -96,11 +96,12 @@ def test_quatro_gradient_matches_reconstruction():
     lam = 0.3
     for div, extra in (("kl_new_old", lambda r: r * (1 + r.log())), ("kl_old_new", lambda r: -torch.ones_like(r)),
                        ("k3", lambda r: r - 1)):
-        loss = token_losses("quatro", logp, old, adv, divergence=div, lambda_init=lam, dual_solver="fixed")
+        loss = token_losses("quatro", logp, old, adv,
+                            {"divergence": div, "lambda_init": lam, "dual_solver": "fixed"})
         (g,) = torch.autograd.grad(loss.sum(), logp)
         torch.testing.assert_close(g, -(r * adv - lam * extra(r)), rtol=1e-12, atol=1e-12)
-    loss = token_losses("quatro", logp, old, adv, drop_zero_mean_term=True, lambda_init=lam,
-                        dual_solver="fixed")
+    loss = token_losses("quatro", logp, old, adv,
+                        {"drop_zero_mean_term": True, "lambda_init": lam, "dual_solver": "fixed"})
     (g,) = torch.autograd.grad(loss.sum(), logp)
     torch.testing.assert_close(g, -(r * adv - lam * r * r.log()), rtol=1e-12, atol=1e-12)
 
@@ -111,7 +112,7 @@ def test_gradcheck(method):
     logp, old, adv = _inputs(5)
     logp = logp[:16].detach().requires_grad_()
     kw = {"dual_solver": "fixed"} if method == "quatro" else {}  # the default REPS dual needs prompt ids
-    assert torch.autograd.gradcheck(lambda x: token_losses(method, x, old[:16], adv[:16], **kw), (logp,))
+    assert torch.autograd.gradcheck(lambda x: token_losses(method, x, old[:16], adv[:16], kw), (logp,))
 
 
 @pytest.mark.parametrize("method", ["maspo", "cispo", "gppo"])
@@ -147,7 +148,7 @@ def test_maspo_limits():
     logp, old, adv = _inputs(2, spread=1.5)
     r = (logp.detach() - old).exp()
     # σ_base huge (and cap lifted): vanilla policy gradient, w = 1.
-    loss = token_losses("maspo", logp, old, adv, sigma_base=1e8, sigma_cap=1e9)
+    loss = token_losses("maspo", logp, old, adv, {"sigma_base": 1e8, "sigma_cap": 1e9})
     (g,) = torch.autograd.grad(loss.sum(), logp)
     torch.testing.assert_close(g, -r * adv, rtol=1e-9, atol=1e-12)
     # ρ ≡ 1 (first mini-batch): vanilla PG, loss = -Â.
@@ -165,7 +166,8 @@ def test_maspo_limits():
     assert torch.all(gate[ungated] == 1) and torch.all(gate[~ungated] < 1)
     # α = β = 0: constant-σ unilateral gate with σ = σ_base.
     sb = 0.7
-    loss = token_losses("maspo", logp, old, adv, sigma_base=sb, alpha=0.0, beta_high=0.0, beta_low=0.0)
+    loss = token_losses("maspo", logp, old, adv,
+                        {"sigma_base": sb, "alpha": 0.0, "beta_high": 0.0, "beta_low": 0.0})
     (g,) = torch.autograd.grad(loss.sum(), logp)
     w = torch.where(ungated, 1.0, torch.exp(-(r - 1) ** 2 / (2 * sb**2)))
     torch.testing.assert_close(g, -w * r * adv)
@@ -177,7 +179,7 @@ def test_maspo_safety_cap_off_by_default():
     adv = torch.tensor([-1.0, -2.0], dtype=F64)
     (g,) = torch.autograd.grad(token_losses("maspo", logp, old, adv).sum(), logp)
     torch.testing.assert_close(g, -5.0 * adv)
-    loss = token_losses("maspo", logp, old, adv, safety_cap=3.0)
+    loss = token_losses("maspo", logp, old, adv, {"safety_cap": 3.0})
     torch.testing.assert_close(loss, 3.0 * -adv)
     (g,) = torch.autograd.grad(loss.sum(), logp)
     assert torch.all(g == 0)
@@ -221,7 +223,7 @@ def test_maspo_vectors(alpha, vectors):
             assert (sp if a > 0 else sn)[i].item() == pytest.approx(sigma, abs=2e-5)
     # The same F through the loss's gradient.
     logp = (old + r.log()).requires_grad_()
-    (g,) = torch.autograd.grad(token_losses("maspo", logp, old, adv, alpha=alpha).sum(), logp)
+    (g,) = torch.autograd.grad(token_losses("maspo", logp, old, adv, {"alpha": alpha}).sum(), logp)
     torch.testing.assert_close(g, -gate * r * adv)
 
 
