@@ -31,7 +31,7 @@ from megatron_maspo.launch.job import (
 )
 from megatron_maspo.launch.requeue import REQUEUE_ENV
 from megatron_maspo.launch.slurm_job import JobRecord, write_record
-from megatron_maspo.train.process.distributed import SRUN_RANKS_ENV
+from megatron_maspo.parallel.slurm_ranks import SRUN_RANKS_ENV
 
 try:
     import nemo_run as run

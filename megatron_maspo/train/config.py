@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megatron_maspo.model.ckpt_manifest import CHECKPOINT_SUBDIR as CHECKPOINT_SUBDIR
+
 
 @dataclass(kw_only=True)
 class OptimConfig:
@@ -111,10 +113,6 @@ class TrainConfig:
                              f"{self.logprob_chunk_bytes}")
         if self.sft_steps < 0 or self.overlong_buffer < 0:
             raise ValueError("train.sft_steps and train.overlong_buffer must be >= 0")
-
-
-CHECKPOINT_SUBDIR = "checkpoints"
-"""Checkpoints live in ``<checkpoint.run_dir>/checkpoints/step_<k>``."""
 
 
 @dataclass(kw_only=True)

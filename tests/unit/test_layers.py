@@ -1,8 +1,11 @@
 """The package's layering, read from the source (imports inside functions count: a lazy import is still
 an arrow).
 
-    cli  >  launch  >  train  >  {loss, parallel, model, conversion, rollout, reward, data, eval}
+    cli  >  {launch, train}  >  {loss, parallel, model, conversion, rollout, reward, data, eval}
     recipes  >  config.py  >  every section's config module;  plugins.py, errors.py at the bottom
+
+(``launch`` and ``train`` are side by side: neither imports the other; what the planner shares with the
+trainer, such as the offload categories and the layout check, sits under ``parallel/``)
 
 plus the device seam (only ``parallel/device.py`` reaches the CPU shim, nothing calls the tensor-type
 spoof) and the config rule (under ``train/`` only the component builders take the root config).
@@ -17,8 +20,9 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "megatron_maspo"
 LOWER = {"loss", "parallel", "model", "conversion", "rollout", "reward", "data", "eval"}
+# launch/ (the planner, the launchers) reads the config, never the trainer: it sits beside train/, not above it
 UPPER_OF = {**{room: {"train", "launch", "cli"} for room in LOWER}, "train": {"launch", "cli"},
-            "launch": {"cli"}}
+            "launch": {"train", "cli"}}
 BOTTOM = {"plugins.py", "errors.py"}
 # the only places under train/ whose functions may take the root MaspoConfig: the builders and the entry
 ROOT_CONFIG_OK = {"train/components.py", "train/loop.py:Trainer.__init__", "train/loop.py:train"}
@@ -54,6 +58,12 @@ def test_no_import_runs_up_a_layer(modules):
             if room and target in UPPER_OF.get(room, ()):
                 breaks.append(f"{'/'.join(rel)} -> {m}")
     assert not breaks, breaks
+
+
+def test_planner_is_one_package():
+    """``launch/plan/`` holds the planner; no ``launch/plan*.py`` module sits beside it."""
+    assert (PKG / "launch" / "plan" / "__init__.py").is_file()
+    assert not sorted(p.name for p in (PKG / "launch").glob("plan*.py"))
 
 
 def test_config_sits_above_sections_and_below_recipes(modules):
