@@ -85,7 +85,7 @@ def _slurm_executor(opts: LaunchOptions, env: dict[str, str]) -> run.SlurmExecut
         env.setdefault("PATH", _prepend(bin_dir, os.environ.get("PATH")))
     setup = []
     if opts.launcher == "srun":
-        # Every task is a rank: torch.distributed's variables come from SLURM_PROCID & co. (train/process/distributed.py).
+        # Every task is a rank: torch.distributed's variables come from SLURM_PROCID & co. (parallel/slurm_ranks.py).
         setup.append(f"export MASTER_ADDR=${run.SlurmExecutor.HEAD_NODE_IP_VAR} MASTER_PORT={opts.master_port} "
                      f"{SRUN_RANKS_ENV}=1")
     env[REQUEUE_ENV] = "1"
