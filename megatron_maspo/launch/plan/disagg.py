@@ -248,7 +248,7 @@ def estimate_disaggregated(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nod
                            hw: Assumptions | None = None) -> PoolPlan:
     """Memory and time of ``cfg``'s disaggregated split (``rollout.engine_ranks``) on ``nodes x
     gpus_per_node`` GPUs, the training pool in layout ``lay``; ``reasons`` lists what it violates."""
-    from megatron_maspo.launch.plan import estimator as P
+    import megatron_maspo.launch.plan.estimator as P
 
     hw = hw or Assumptions()
     ro = cfg.rollout
