@@ -20,7 +20,7 @@ from megatron_maspo.parallel.config import ParallelConfig
 from megatron_maspo.reward.config import RewardConfig
 from megatron_maspo.rollout import engines
 from megatron_maspo.rollout.config import RolloutConfig
-from megatron_maspo.train.config import CheckpointConfig, LoggingConfig, OptimConfig, TrainConfig
+from megatron_maspo.train_config import CheckpointConfig, LoggingConfig, OptimConfig, TrainConfig
 
 
 @dataclass(kw_only=True)

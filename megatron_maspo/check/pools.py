@@ -73,7 +73,7 @@ def staging_need(cfg, nodes: int, gpus_per_node: int) -> tuple[int, str] | None:
     import math
 
     from megatron_maspo.check.steps import export_manifest
-    from megatron_maspo.launch.plan import arch_of
+    from megatron_maspo.launch.plan.estimator import arch_of
     from megatron_maspo.rollout.buckets import dtype_size
     from megatron_maspo.rollout.pools import build_pools
 

@@ -23,7 +23,7 @@ trainer builds, ``use_cpu_initialization=False``) and runs every step that needs
 With ``rollout.placement=disaggregated`` the job is split as it runs (``rollout/pools.py::PoolLayout``):
 the layout must divide the training pool's T = world - rollout.engine_ranks ranks, whose model ranks are the
 ones built; the engines' placement is ``PoolLayout.placement`` (no engine spans nodes, none shares a GPU
-with another or with the training pool); the memory plan is ``launch/plan_disagg.py``'s, with the
+with another or with the training pool); the memory plan is ``launch/plan/disagg.py``'s, with the
 training GPU's peak the trainer's own (no engine on it) and the engine GPU's the engine's own.
 
 The Transformer Engine spec cannot be built here: for ``model.attention_backend='te'`` the ranks are built
@@ -120,7 +120,9 @@ def check_config(cfg, *, nodes: int, gpus_per_node: int, gpu_mem_gb: float = 80.
 
 def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, node_shm_gb: float | None,
          say: Callable[[str], None]) -> None:
-    from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of, local_params
+    from megatron_maspo.launch.plan.estimator import arch_of, estimate, layout_of
+    from megatron_maspo.launch.plan.model import local_params
+    from megatron_maspo.launch.plan.types import Assumptions
     from megatron_maspo.rollout.fleet import build_fleet
     from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb
 
@@ -201,7 +203,7 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, node_shm_gb: fl
     if pools is None:
         plan = estimate(cfg, spec, lay, nodes=nodes, gpus_per_node=gpus_per_node, hw=hw)
     else:
-        from megatron_maspo.launch.plan_disagg import estimate_disaggregated
+        from megatron_maspo.launch.plan.disagg import estimate_disaggregated
 
         plan = estimate_disaggregated(dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel,
                                                                                             world_size=world)),

@@ -248,7 +248,7 @@ def check_memory(plan, counts: list[RankCounts], planned: tuple[float, float], c
 
     Returns the offloaded bytes per category computed from the built (worst) rank.
     """
-    from megatron_maspo.launch.plan_memory import category_bytes, offloaded_bytes
+    from megatron_maspo.launch.plan.memory import category_bytes, offloaded_bytes
 
     worst = max(counts, key=lambda c: c.dense + c.expert)
     p_dense, p_expert = planned

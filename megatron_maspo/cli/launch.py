@@ -160,7 +160,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _warn_if_not_fitting(cfg, opts) -> None:
     """Run the planner when the architecture is known here; warn (not refuse) if it predicts no fit."""
-    from megatron_maspo.launch.plan import arch_of, estimate, layout_of
+    from megatron_maspo.launch.plan.estimator import arch_of, estimate, layout_of
 
     if opts.executor != "slurm":
         return
@@ -168,8 +168,8 @@ def _warn_if_not_fitting(cfg, opts) -> None:
         spec = arch_of(cfg)
     except ValueError:
         return
-    if cfg.rollout.disaggregated:  # two pools, no GPU shared (launch/plan_disagg.py)
-        from megatron_maspo.launch.plan_disagg import estimate_disaggregated as estimate
+    if cfg.rollout.disaggregated:  # two pools, no GPU shared (launch/plan/disagg.py)
+        from megatron_maspo.launch.plan.disagg import estimate_disaggregated as estimate
     plan = estimate(cfg, spec, layout_of(cfg), nodes=opts.nodes, gpus_per_node=opts.gpus_per_node)
     for reason in plan.reasons:
         logger.warning("planner (80 GiB GPUs assumed): %s -- see `maspo plan`", reason)

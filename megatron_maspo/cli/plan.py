@@ -4,7 +4,7 @@ Prints the per-GPU memory estimate (weights, fp32 grads, optimizer state, activa
 chunk, the colocated vLLM share) and a step-time split, for the recipe's layout on ``nodes x gpus``.
 A layout that is invalid or does not fit is refused with the reasons, and the nearest fitting layout
 (tp / pp / ep / recompute / distributed optimizer / vllm_tp) is printed as ``--set`` overrides.
-Formulas and assumptions: ``megatron_maspo/launch/plan.py``.
+Formulas and assumptions: ``megatron_maspo/launch/plan/estimator.py``.
 
     maspo plan r1_distill_qwen_7b_maspo --nodes 4 --gpus-per-node 8
     maspo plan llama3_70b_maspo --nodes 8 --gpus-per-node 8 --gpu-mem-gb 141 --hbm-tb-s 4.8   # H200
@@ -18,7 +18,7 @@ Formulas and assumptions: ``megatron_maspo/launch/plan.py``.
         --set rollout.engine_ranks=16 --set rollout.max_staleness=1 --set loss.tis_cap=2.0   # one split
 
 Every plan ends with the placement comparison: the colocated step beside the best disaggregated split of
-the same GPUs (``launch/plan_split.py``, docs/disaggregated.md); ``--splits`` prints every split.
+the same GPUs (``launch/plan/split.py``, docs/disaggregated.md); ``--splits`` prints every split.
 
 Exit status: 0 when the layout fits, 1 when refused (after printing any suggestion), 2 on bad input.
 """
@@ -71,15 +71,15 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from megatron_maspo.cli.common import config_from_args
     from megatron_maspo.errors import ConfigError
-    from megatron_maspo.launch.plan import (
-        Assumptions,
+    from megatron_maspo.launch.plan.estimator import (
         apply_layout,
         arch_of,
         estimate,
-        format_plan,
         layout_of,
         suggest,
     )
+    from megatron_maspo.launch.plan.report import format_plan
+    from megatron_maspo.launch.plan.types import Assumptions
 
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise ConfigError(f"--nodes and --gpus-per-node must be >= 1, got {args.nodes}, {args.gpus_per_node}")
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     _print_comparison(cfg, spec, args, hw)
     if plan.fits:
         return 0
-    from megatron_maspo.launch.plan_verdict import memory_verdicts
+    from megatron_maspo.launch.plan.verdict import memory_verdicts
 
     for verdict in memory_verdicts(cfg, spec, plan, nodes=args.nodes, gpus_per_node=args.gpus_per_node, hw=hw):
         print(f"memory verdict: {verdict.describe()}")
@@ -146,9 +146,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_comparison(cfg, spec, args, hw) -> None:
     """The colocated step beside the best disaggregated split of the same GPUs (``--splits``: all)."""
-    from megatron_maspo.launch.plan import layout_of
-    from megatron_maspo.launch.plan_report import format_comparison
-    from megatron_maspo.launch.plan_split import compare_placements
+    from megatron_maspo.launch.plan.estimator import layout_of
+    from megatron_maspo.launch.plan.report import format_comparison
+    from megatron_maspo.launch.plan.split import compare_placements
 
     if args.nodes * args.gpus_per_node < 2:
         return
@@ -159,10 +159,10 @@ def _print_comparison(cfg, spec, args, hw) -> None:
 
 def _run_disaggregated(cfg, spec, args, hw) -> int:
     """``rollout.placement=disaggregated``: the split's two pools, its memory verdicts, the comparison."""
-    from megatron_maspo.launch.plan import layout_of
-    from megatron_maspo.launch.plan_disagg import POOL_CHANGES, estimate_disaggregated
-    from megatron_maspo.launch.plan_report import format_pool_plan
-    from megatron_maspo.launch.plan_verdict import memory_verdicts
+    from megatron_maspo.launch.plan.disagg import POOL_CHANGES, estimate_disaggregated
+    from megatron_maspo.launch.plan.estimator import layout_of
+    from megatron_maspo.launch.plan.report import format_pool_plan
+    from megatron_maspo.launch.plan.verdict import memory_verdicts
 
     plan = estimate_disaggregated(cfg, spec, layout_of(cfg), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                                   hw=hw)

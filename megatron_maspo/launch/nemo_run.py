@@ -31,7 +31,7 @@ from megatron_maspo.launch.job import (
 )
 from megatron_maspo.launch.requeue import REQUEUE_ENV
 from megatron_maspo.launch.slurm_job import JobRecord, write_record
-from megatron_maspo.train.process.distributed import SRUN_RANKS_ENV
+from megatron_maspo.parallel.slurm_ranks import SRUN_RANKS_ENV
 
 try:
     import nemo_run as run
@@ -85,7 +85,7 @@ def _slurm_executor(opts: LaunchOptions, env: dict[str, str]) -> run.SlurmExecut
         env.setdefault("PATH", _prepend(bin_dir, os.environ.get("PATH")))
     setup = []
     if opts.launcher == "srun":
-        # Every task is a rank: torch.distributed's variables come from SLURM_PROCID & co. (train/process/distributed.py).
+        # Every task is a rank: torch.distributed's variables come from SLURM_PROCID & co. (parallel/slurm_ranks.py).
         setup.append(f"export MASTER_ADDR=${run.SlurmExecutor.HEAD_NODE_IP_VAR} MASTER_PORT={opts.master_port} "
                      f"{SRUN_RANKS_ENV}=1")
     env[REQUEUE_ENV] = "1"

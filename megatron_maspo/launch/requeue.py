@@ -26,8 +26,7 @@ REQUEUE_ENV = "MASPO_SLURM_REQUEUE"
 
 def latest_step(run_dir: str | Path) -> int:
     """Step of the run directory's latest complete checkpoint (0 when it holds none)."""
-    from megatron_maspo.model.ckpt_manifest import list_checkpoints
-    from megatron_maspo.train.config import CHECKPOINT_SUBDIR
+    from megatron_maspo.model.ckpt_manifest import CHECKPOINT_SUBDIR, list_checkpoints
 
     ckpts = list_checkpoints(Path(run_dir) / CHECKPOINT_SUBDIR)
     return int(ckpts[-1].name.removeprefix("step_")) if ckpts else 0

@@ -24,6 +24,8 @@ from pathlib import Path
 
 from megatron_maspo.errors import MissingPathError, StorageError
 
+CHECKPOINT_SUBDIR = "checkpoints"
+"""Checkpoints live in ``<checkpoint.run_dir>/checkpoints/step_<k>``."""
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 logger = logging.getLogger(__name__)

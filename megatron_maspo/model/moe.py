@@ -1,7 +1,7 @@
 """MoE settings: validate ``model.moe_*`` fields and turn them into Megatron ``TransformerConfig`` keys.
 
 One place decides the dispatcher, the router's load balancing and precision and routing replay, so
-the trainer, the inference policy and the planner (``launch/plan.py``) read the same values.
+the trainer, the inference policy and the planner (``launch/plan/estimator.py``) read the same values.
 
 Dispatchers in megatron-core 0.16.1 (``transformer/moe/token_dispatcher.py``):
 

@@ -1,7 +1,8 @@
 """Checks that run before anything heavy is imported or built: the run directory and the layout.
 
 Cheap (a directory listing, a few integers), and free of megatron-core, so ``maspo train`` refuses a wrong
-``checkpoint.run_dir`` or an unsupported layout in a second, not after a model build.
+``checkpoint.run_dir`` or an unsupported layout in a second, not after a model build. The layout check
+lives in ``parallel/layout_check.py`` (the planner asks it too) and is re-exported here.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from megatron_maspo.errors import ConfigError, MissingPathError
 from megatron_maspo.model.ckpt_manifest import list_checkpoints, usable
-from megatron_maspo.parallel.config import ParallelConfig
+from megatron_maspo.parallel.layout_check import check_layout_supported as check_layout_supported
 from megatron_maspo.train.config import CHECKPOINT_SUBDIR
 
 
@@ -34,24 +35,3 @@ def check_run_dir(run_dir: str | Path, *, resume: bool) -> list[Path]:
         raise ConfigError(f"{run_dir} already holds checkpoints: pass --resume {run_dir} "
                           "or choose another checkpoint.run_dir")
     return ckpts
-
-
-def check_layout_supported(parallel: ParallelConfig, model=None, loss=None) -> None:
-    """Refuse, with a one-line ConfigError naming the field, layouts the trainer does not build.
-
-    Context parallelism (``parallel.cp > 1``) splits each sequence's tokens over CP ranks, so it
-    needs the packed (thd) attention paths and losses whose terms are per token: sequence-level
-    aggregation and statistics (they read a whole sequence on one rank) and routing replay (its
-    targets are per full row) are refused with it. ``model`` and ``loss`` are the config sections.
-    """
-    if parallel.cp == 1:
-        return
-    if model is not None and model.attention_backend == "dense_mask":
-        raise ConfigError(f"parallel.cp={parallel.cp} needs model.attention_backend 'packed_sdpa' or 'te' "
-                          "(the dense mask is one [S, S] tensor per row; it does not split)")
-    if model is not None and model.routing_replay != "off":
-        raise ConfigError(f"model.routing_replay={model.routing_replay!r} is not supported with "
-                          f"parallel.cp={parallel.cp} (replay targets are per full row); use 'off'")
-    if loss is not None and loss.effective_aggregation != "token-mean":
-        raise ConfigError(f"loss.aggregation={loss.effective_aggregation!r} with parallel.cp={parallel.cp}: "
-                          "a sequence's tokens are split over CP ranks; use 'token-mean'")

@@ -1,8 +1,12 @@
 """The package's layering, read from the source (imports inside functions count: a lazy import is still
 an arrow).
 
-    cli  >  launch  >  train  >  {loss, parallel, model, conversion, rollout, reward, data, eval}
+    cli  >  {launch, train}  >  {loss, parallel, model, conversion, rollout, reward, data, eval}
     recipes  >  config.py  >  every section's config module;  plugins.py, errors.py at the bottom
+
+(``launch`` and ``train`` are side by side: neither imports the other; what the planner shares with the
+trainer, such as the offload categories and the layout check, sits under ``parallel/``; ``config.py``
+imports nothing from ``train/``: the trainer's sections live in ``train_config.py``)
 
 plus the device seam (only ``parallel/device.py`` reaches the CPU shim, nothing calls the tensor-type
 spoof) and the config rule (under ``train/`` only the component builders take the root config).
@@ -17,8 +21,9 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "megatron_maspo"
 LOWER = {"loss", "parallel", "model", "conversion", "rollout", "reward", "data", "eval"}
+# launch/ (the planner, the launchers) reads the config, never the trainer: it sits beside train/, not above it
 UPPER_OF = {**{room: {"train", "launch", "cli"} for room in LOWER}, "train": {"launch", "cli"},
-            "launch": {"cli"}}
+            "launch": {"train", "cli"}}
 BOTTOM = {"plugins.py", "errors.py"}
 # the only places under train/ whose functions may take the root MaspoConfig: the builders and the entry
 ROOT_CONFIG_OK = {"train/components.py", "train/loop.py:Trainer.__init__", "train/loop.py:train"}
@@ -56,6 +61,12 @@ def test_no_import_runs_up_a_layer(modules):
     assert not breaks, breaks
 
 
+def test_planner_is_one_package():
+    """``launch/plan/`` holds the planner; no ``launch/plan*.py`` module sits beside it."""
+    assert (PKG / "launch" / "plan" / "__init__.py").is_file()
+    assert not sorted(p.name for p in (PKG / "launch").glob("plan*.py"))
+
+
 def test_config_sits_above_sections_and_below_recipes(modules):
     bad = []
     for f, tree in modules:
@@ -63,7 +74,7 @@ def test_config_sits_above_sections_and_below_recipes(modules):
         for m in _imports(tree):
             if rel.endswith("config.py") and rel != "config.py" and m in ("megatron_maspo.config",):
                 bad.append(f"section config {rel} imports the root config")
-            if rel == "config.py" and m.startswith("megatron_maspo.recipes"):
+            if rel == "config.py" and m.split(".")[1] in ("recipes", "train"):
                 bad.append(f"config.py imports {m}")
             if rel in BOTTOM and not any(m.startswith(f"megatron_maspo.{b[:-3]}") for b in BOTTOM):
                 bad.append(f"{rel} (bottom layer) imports {m}")

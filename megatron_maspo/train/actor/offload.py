@@ -43,10 +43,11 @@ import torch
 
 from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.device import on_cuda
+from megatron_maspo.parallel.offload_categories import CATEGORIES as CATEGORIES
+from megatron_maspo.parallel.offload_categories import offload_categories as offload_categories
 
 logger = logging.getLogger(__name__)
 
-CATEGORIES = ("params", "grads", "optimizer")
 HOST_ALIGN = 512
 """Byte alignment of each storage inside a category's host slab."""
 
@@ -283,11 +284,6 @@ class StateOffloader:
         self._slots = []  # the slabs stay: pinning is slow, the next step reuses them
         self.offloaded = False
         return moved
-
-
-def offload_categories(params: bool, grads: bool, optimizer: bool) -> tuple[str, ...]:
-    """The enabled categories, in claim order, from three switches (``train.offload_*``)."""
-    return tuple(c for c, on in zip(CATEGORIES, (params, grads, optimizer)) if on)
 
 
 # --------------------------------------------------------------------------- colocation phase order

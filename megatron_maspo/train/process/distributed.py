@@ -12,12 +12,9 @@ import torch.distributed as dist
 from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.device import on_cuda
 from megatron_maspo.parallel.launch import free_port
+from megatron_maspo.parallel.slurm_ranks import SRUN_RANKS_ENV as SRUN_RANKS_ENV
+from megatron_maspo.parallel.slurm_ranks import rank_env_from_slurm as rank_env_from_slurm
 from megatron_maspo.rollout.pools import ROLLOUT, PoolLayout
-
-# Set by the srun-native Slurm launch (``launch/nemo_run.py``): each task derives RANK / WORLD_SIZE /
-# LOCAL_RANK from Slurm's SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID (see rank_env_from_slurm); the
-# batch script exports MASTER_ADDR (the first node's IP) and MASTER_PORT.
-SRUN_RANKS_ENV = "MASPO_RANKS_FROM_SLURM"
 
 
 def setup_distributed(timeout_s: float = 1800.0) -> tuple[int, int]:
@@ -97,23 +94,3 @@ def setup_pools(make_layout, timeout_s: float = 1800.0) -> JobPools:
     size = layout.trainer_world if layout.role(rank) != ROLLOUT else layout.engine_ranks
     comm.init_pool_group(store, layout.role(rank), layout.pool_rank(rank), size, timeout_s)
     return JobPools(layout, rank, store)
-
-
-def rank_env_from_slurm(env: dict[str, str]) -> dict[str, str]:
-    """torch.distributed's ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` from an srun task's environment.
-
-    Empty unless the launcher asked for it (``MASPO_RANKS_FROM_SLURM=1``) and torchrun did not already
-    set ``WORLD_SIZE``: an interactive ``salloc`` shell also carries SLURM_* variables and must stay a
-    one-process run. ``MASTER_ADDR`` / ``MASTER_PORT`` come from the batch script.
-
-    Raises:
-        ValueError: asked for, but a SLURM_* or MASTER_* variable is missing.
-    """
-    if env.get(SRUN_RANKS_ENV) != "1" or "WORLD_SIZE" in env:
-        return {}
-    missing = [k for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT")
-               if k not in env]
-    if missing:
-        raise ValueError(f"{SRUN_RANKS_ENV}=1 but {', '.join(missing)} unset: start the task with srun "
-                         "inside an allocation whose batch script exports MASTER_ADDR and MASTER_PORT")
-    return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"], "LOCAL_RANK": env["SLURM_LOCALID"]}

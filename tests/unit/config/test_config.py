@@ -38,3 +38,13 @@ def test_overrides_revalidate_sections():
 def test_missing_config_file_is_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="config file not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_trainer_sections_keep_their_old_import_path():
+    """They live in ``train_config.py`` (the root config imports no ``train/``); ``train.config`` re-exports."""
+    from megatron_maspo import train_config
+    from megatron_maspo.train import config as old
+
+    for name in ("CHECKPOINT_SUBDIR", "CheckpointConfig", "LoggingConfig", "OptimConfig", "TrainConfig"):
+        assert getattr(old, name) is getattr(train_config, name)
+    assert MaspoConfig().train.__class__ is train_config.TrainConfig

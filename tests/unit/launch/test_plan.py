@@ -51,7 +51,7 @@ def test_dense_7b_memory_and_time_match_hand_computation():
     # causal attention: sum of s^2 over the 4096 sequences; prompts at 512, responses uniform on [0, 8192]
     # (mean = half the tail): E[s^2] = 512^2 + 2 * 512 * 4096 + 8192^2 / 3
     f_fwd = 2 * p_act * 4096 * 4608 + 2 * layers * nh * d * (512**2 + 2 * 512 * 4096 + 8192**2 / 3) * 4096
-    cluster = 32 * 989e12 * 0.35 * (h / t / 2048) ** 0.06  # MFU at this per-GPU GEMM width (plan_model.py)
+    cluster = 32 * 989e12 * 0.35 * (h / t / 2048) ** 0.06  # MFU at this per-GPU GEMM width (launch/plan/model.py)
     assert plan.time.old_logprob == pytest.approx(f_fwd / cluster)
     assert plan.time.update == pytest.approx(4 * f_fwd / cluster)  # 3 (fwd+bwd) + 1 recompute
     conc = min(128, int(pool // (kvpt * 2560)))  # 4096 seqs over 32 engines; live context 512 + 4096/2

@@ -1,6 +1,6 @@
 """The planner stays within 0.67x-1.5x of published RL step splits, phase by phase.
 
-Runs and commands: megatron_maspo/launch/plan_calibration.py; table: docs/planner-calibration.md.
+Runs and commands: megatron_maspo/launch/plan/calibration.py; table: docs/planner-calibration.md.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from megatron_maspo.cli.main import main
-from megatron_maspo.launch.plan_calibration import (
+from megatron_maspo.launch.plan.calibration import (
     HELD_OUT,
     LONG_BUDGET,
     LONG_BUDGET_RESPONSE_MEAN,
@@ -27,7 +27,7 @@ BAND = (0.67, 1.5)
 
 _CP_NOT_ENOUGH = ("the measured 64 s train / 75 s log-prob are 3.3x / 5.7x the FLOP time (CP ring included); "
                   "NeMo-RL v0.3.0's controller ships the 16k-padded batch to all 64 tp*pp*cp ranks per call "
-                  "(launch/plan_dispatch.py), which closes both cells only at 1.2-2.9 GB/s of (de)serialisation, "
+                  "(launch/plan/dispatch.py), which closes both cells only at 1.2-2.9 GB/s of (de)serialisation, "
                   "above the 0.7-0.8 GB/s measured here; not fitted (docs/planner-calibration.md)")
 KNOWN_OFF = {("Llama-3.3-70B, 128 GPUs, CP4, 16k", "update"): _CP_NOT_ENOUGH,
              ("Llama-3.3-70B, 128 GPUs, CP4, 16k", "old_logprob"): _CP_NOT_ENOUGH}
@@ -98,7 +98,7 @@ def test_an_exponential_tail_would_miss_the_long_budget_run():
 
 def test_docs_tables_are_what_the_planner_prints_now():
     """docs/planner-calibration.md shows the calibrated table and the held-out runs (reported as they
-    come out, not held to the band) exactly as ``python -m megatron_maspo.launch.plan_calibration``
+    come out, not held to the band) exactly as ``python -m megatron_maspo.launch.plan.calibration``
     prints them: a planner change that moves any figure must update the docs."""
     doc = (Path(__file__).resolve().parents[3] / "docs" / "planner-calibration.md").read_text()
     assert table() in doc
@@ -124,7 +124,7 @@ def _window(run: PublishedRun, phase: str) -> tuple[float, float]:
 
 
 def test_controller_dispatch_closes_the_16k_cells_only_above_the_rate_measured_here():
-    """NeMo-RL's single-controller data shipping (launch/plan_dispatch.py) is what separates the 16k run
+    """NeMo-RL's single-controller data shipping (launch/plan/dispatch.py) is what separates the 16k run
     from its FLOP time, but at the (de)serialisation rate measured on our machine it over-shoots both
     cells; the rates that put both in band are 1.5x-3.5x that. The other rows stay in band either way, so
     the term is consistent with them; it is not turned on in ``RUNS`` (docs/planner-calibration.md)."""

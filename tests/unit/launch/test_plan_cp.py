@@ -11,7 +11,7 @@ import pytest
 from megatron_maspo.cli.main import main
 from megatron_maspo.errors import ConfigError
 from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
-from megatron_maspo.launch.plan_cp import (
+from megatron_maspo.launch.plan.cp import (
     RingLoad,
     kv_hop_bytes,
     ring_exposed_seconds,

@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 
 from megatron_maspo.cli.main import main
-from megatron_maspo.launch import plan as P
 from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
-from megatron_maspo.launch.plan_disagg import (
+from megatron_maspo.launch.plan import estimator as P
+from megatron_maspo.launch.plan.disagg import (
     POOL_CHANGES,
     PoolStepTime,
     broadcast_seconds,
@@ -19,13 +19,13 @@ from megatron_maspo.launch.plan_disagg import (
     export_seconds,
     max_engine_fraction,
 )
-from megatron_maspo.launch.plan_split import (
+from megatron_maspo.launch.plan.split import (
     colocated_config,
     compare_placements,
     disaggregated_config,
     split_candidates,
 )
-from megatron_maspo.launch.plan_verdict import memory_verdicts
+from megatron_maspo.launch.plan.verdict import memory_verdicts
 from megatron_maspo.recipes.registry import load_recipe
 
 HW = Assumptions()

@@ -1,5 +1,5 @@
 """Single-controller dispatch: the bytes a NeMo-RL-style driver ships per trainer call, and what the planner
-adds for them when ``controller_gb_s`` is set (launch/plan_dispatch.py)."""
+adds for them when ``controller_gb_s`` is set (launch/plan/dispatch.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from megatron_maspo.cli.main import main
 from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
-from megatron_maspo.launch.plan_dispatch import (
+from megatron_maspo.launch.plan.dispatch import (
     LOGPROB_IN_BYTES,
     LOGPROB_OUT_BYTES,
     TRAIN_IN_BYTES,

@@ -9,7 +9,7 @@ import pytest
 
 from megatron_maspo.cli.main import main
 from megatron_maspo.launch.plan import GIB, Assumptions, arch_of, estimate, layout_of
-from megatron_maspo.launch.plan_memory import category_bytes, offloaded_bytes
+from megatron_maspo.launch.plan.memory import category_bytes, offloaded_bytes
 from megatron_maspo.recipes.registry import load_recipe
 from megatron_maspo.train.actor.offload import CATEGORIES
 
@@ -41,7 +41,7 @@ def test_rollout_peak_drops_by_what_is_offloaded(flags, cats):
     assert m.offloaded == pytest.approx({c: held[c] for c in cats})
     assert m.host == pytest.approx(sum(held[c] for c in cats))
     # The engine's weights wake (and the sync runs) before the trainer offloads, and its KV cache wakes after:
-    # the rollout peak is the higher of the two moments (launch/plan_memory.py::ROLLOUT_PHASE_ORDER).
+    # the rollout peak is the higher of the two moments (launch/plan/memory.py::ROLLOUT_PHASE_ORDER).
     state = m.weights + m.reference + m.grads + m.optimizer + m.reserve
     assert m.rollout_peak == pytest.approx(max(state + m.engine_weights + m.sync_bucket,
                                                m0.rollout_peak - m.host))
@@ -87,10 +87,10 @@ def test_cli_reports_host_memory(capsys):
 
 
 def test_planner_phase_order_is_the_trainers():
-    """The planner's rollout order (launch/plan_memory.py::ROLLOUT_PHASE_ORDER) is the trainer's own
+    """The planner's rollout order (launch/plan/memory.py::ROLLOUT_PHASE_ORDER) is the trainer's own
     (train/actor/offload.py::STEP_PHASES, which the loop's Colocation runs): from the end of the update,
     the engine's weights wake, the sync runs, the trainer's state goes to the host, then the KV cache wakes."""
-    from megatron_maspo.launch.plan_memory import ROLLOUT_PHASE_ORDER
+    from megatron_maspo.launch.plan.memory import ROLLOUT_PHASE_ORDER
     from megatron_maspo.train.actor.offload import phase_order
 
     trainer = phase_order()

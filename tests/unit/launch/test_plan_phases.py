@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
-from megatron_maspo.launch.plan_memory import (
+from megatron_maspo.launch.plan.memory import (
     ROLLOUT_PHASE_ORDER,
     ROLLOUT_START_TERMS,
     rollout_trace,
 )
-from megatron_maspo.launch.plan_verdict import CHANGES, memory_verdicts
+from megatron_maspo.launch.plan.verdict import CHANGES, memory_verdicts
 from megatron_maspo.recipes.registry import load_recipe
 
 TERMS = {"trainer_state": 40.0, "reserve": 3.0, "engine_weights": 15.0, "sync_bucket": 0.5, "offloaded": 30.0,

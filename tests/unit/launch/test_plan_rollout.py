@@ -8,7 +8,7 @@ import pytest
 
 from megatron_maspo.cli.main import main
 from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
-from megatron_maspo.launch.plan_rollout import (
+from megatron_maspo.launch.plan.rollout import (
     EngineLoad,
     exponential_expected_max,
     generation_seconds,
@@ -115,7 +115,7 @@ def test_trainer_attention_follows_the_spread_of_the_lengths():
     """The trainer's causal attention costs sum s^2 over the step's sequences: n E[s^2] with the responses
     spread between 0 and the tail (plan.seq_second_moment), the mean's square only when every response
     reaches the tail."""
-    from megatron_maspo.launch.plan import seq_second_moment
+    from megatron_maspo.launch.plan.estimator import seq_second_moment
 
     cfg = load_recipe("r1_distill_qwen_7b_maspo")
     spec, lay = arch_of(cfg), layout_of(cfg)

@@ -2,7 +2,7 @@
 
 ``train.offload_params / offload_grads / offload_optimizer`` (train/actor/offload.py) move the trainer's state
 to pinned host memory while the engine generates and back before the update. The planner's memory
-categories are the offloader's categories, per GPU:
+categories are the offloader's categories (parallel/offload_categories.py), per GPU:
 
     params      weights (+ the frozen reference model's weights with train.reference_model)
     grads       the fp32 gradient buffer
@@ -21,11 +21,11 @@ CPU runs of a tiny model (1 rank fp32 with a reference model; 2 ranks bf16 + dis
 
 from __future__ import annotations
 
-from megatron_maspo.train.actor.offload import CATEGORIES, offload_categories
+from megatron_maspo.parallel.offload_categories import CATEGORIES, offload_categories
 
 
 def category_bytes(*, weights: float, reference: float, grads: float, optimizer: float) -> dict[str, float]:
-    """The planner's per-GPU bytes under the offloader's category names (``train/actor/offload.py``)."""
+    """The planner's per-GPU bytes under the offloader's category names (``parallel/offload_categories.py``)."""
     return {"params": weights + reference, "grads": grads, "optimizer": optimizer}
 
 

@@ -1,7 +1,7 @@
 """Colocated or disaggregated on the same GPUs: the planner's comparison of the two placements.
 
 For a job of N GPUs the colocated plan (``plan.estimate``: one pool taking turns, generate -> train ->
-sync in sequence) is set beside every disaggregated split the runtime accepts (``plan_disagg.py``):
+sync in sequence) is set beside every disaggregated split the runtime accepts (``launch/plan/disagg.py``):
 
     R             = engine_tp, 2 engine_tp, ... < N   engine GPUs (rollout.engine_ranks), the rest train;
                                                     splits whose training pool the layout does not
@@ -24,14 +24,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from megatron_maspo.launch.plan_disagg import (
+from megatron_maspo.launch.plan.disagg import (
     RELAY_BUCKETS,
     VLLM_DEFAULT_UTILIZATION,
     PoolPlan,
     estimate_disaggregated,
     max_engine_fraction,
 )
-from megatron_maspo.launch.plan_types import Assumptions, Layout, Plan
+from megatron_maspo.launch.plan.types import Assumptions, Layout, Plan
 
 if TYPE_CHECKING:
     from megatron_maspo.config import MaspoConfig
@@ -130,7 +130,7 @@ class PlacementComparison:
 def compare_placements(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_per_node: int,
                        hw: Assumptions | None = None, staleness: int | None = None) -> PlacementComparison:
     """The colocated plan of ``cfg`` and every disaggregated split of its ``nodes x gpus_per_node`` GPUs."""
-    from megatron_maspo.launch.plan import estimate
+    from megatron_maspo.launch.plan.estimator import estimate
 
     hw = hw or Assumptions()
     k = max(1, cfg.rollout.max_staleness) if staleness is None else staleness

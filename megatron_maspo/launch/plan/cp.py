@@ -77,10 +77,11 @@ def ring_link_gb_s(tp: int, cp: int, gpus_per_node: int, *, intra_gb_s: float, i
 
 
 def cp_trainer_reasons(cfg, tp: int, pp: int, cp: int, world: int) -> list[str]:
-    """The trainer's refusals of a CP layout (``train/preflight.py::check_layout_supported``), as plan reasons."""
+    """The trainer's refusals of a CP layout (``parallel/layout_check.py::check_layout_supported``), as plan
+    reasons."""
     from megatron_maspo.errors import ConfigError
     from megatron_maspo.parallel.config import ParallelConfig
-    from megatron_maspo.train.preflight import check_layout_supported
+    from megatron_maspo.parallel.layout_check import check_layout_supported
 
     try:
         check_layout_supported(ParallelConfig(tp=tp, pp=pp, cp=cp, world_size=world), cfg.model, cfg.loss)

@@ -28,14 +28,14 @@ Memory (GiB = 2^30 bytes, per GPU, on the worst pipeline stage; P_l = parameters
     reference   = P_l * (2 if bf16 else 4)        the frozen reference model (train.reference_model)
 
     train peak   = weights + reference + grads + optimizer + activations + attention + logprob + reserve
-    rollout peak = the highest of, in the trainer's phase order (launch/plan_memory.py::ROLLOUT_PHASE_ORDER):
+    rollout peak = the highest of, in the trainer's phase order (launch/plan/memory.py::ROLLOUT_PHASE_ORDER):
                    weights wake   state + engine weights                  state = weights + reference
                    sync           state + engine weights + one bucket             + grads + optimizer
                    KV wake        state - offloaded + engine                      + reserve
 
 The vLLM engine sleeps (level 1/2) during the update, so its share and the trainer's activations never
 coexist. ``offloaded`` is what train.offload_params/grads/optimizer move to host memory during generation
-(launch/plan_memory.py; 0 without offload). Context parallelism (parallel.cp, launch/plan_cp.py) splits
+(launch/plan/memory.py; 0 without offload). Context parallelism (parallel.cp, launch/plan/cp.py) splits
 each row's N tokens over cp ranks: activations and the log-prob workspace are those of N / cp tokens.
 
 Activation bytes per token per layer ``a`` (flash-style attention so no s^2 tensor, dropout 0 as in RL;
@@ -52,31 +52,31 @@ none. Step time (seconds per rollout step) from FLOPs and bandwidth, with the ef
 :class:`Assumptions`:
 
     old-logprob = ((F_fwd - F_exp) / (W * peak * mfu') + F_exp / (W * peak * moe_expert_mfu)) * bubble
-                  mfu' = mfu scaled by the GEMM shape (launch/plan_model.py::gemm_mfu: hidden / tp, micro-batch
+                  mfu' = mfu scaled by the GEMM shape (launch/plan/model.py::gemm_mfu: hidden / tp, micro-batch
                   tokens); bubble = 1 + (pp - 1) / (micro-batches x vpp), the 1F1B pipeline bubble
                   F_fwd = 2 P_act T + 2 L n_h d sum(s^2)  (sum(s^2) = n E[s^2], the lengths spread as in
                   generation: ``seq_second_moment``; x2 with a reference model; dense_mask:
                   4 L n_h d S T, every token scores the whole packed row); F_exp = 2 P_exp T, the routed
                   experts' share (0 for dense models), at its own, lower utilisation
     update      = (3 or 4 with full recompute) * old-logprob's per-forward time
-    generation  = launch/plan_rollout.py: per engine, a fixed cost per decode step (decode_step_ms) plus
+    generation  = launch/plan/rollout.py: per engine, a fixed cost per decode step (decode_step_ms) plus
                   weight reads per decode step over (waves - 1) x mean
                   + tail steps, KV reads per generated token, at HBM x decode_bw_eff; the tail is the
                   longest response (Assumptions.response_max, else rollout.max_new_tokens)
     sync        = sync_fixed_s + 2 P / sync bandwidth
     offload     = 2 * offloaded bytes / host_gb_s     out before generation, back before the update
     grading     = responses of the most loaded engine / (reward.num_workers * grade_items_per_s)
-    context parallelism adds its exposed ring K/V exchange to old-logprob and update (launch/plan_cp.py)
+    context parallelism adds its exposed ring K/V exchange to old-logprob and update (launch/plan/cp.py)
     controller  = with Assumptions.controller_gb_s only: a single-controller framework's data shipping per
-                  log-prob and train call, added to old-logprob and update (launch/plan_dispatch.py)
+                  log-prob and train call, added to old-logprob and update (launch/plan/dispatch.py)
 
 Response and prompt lengths default to fractions of their budgets; ``Assumptions.response_mean``,
 ``response_max`` and ``prompt_mean`` (``maspo plan --response-mean/--response-max/--prompt-mean``) set
 them from a measured run. docs/planner-calibration.md compares the figures with published runs. A plan
-refused on memory gets verdicts (launch/plan_verdict.py): each change that makes it fit, with its cost.
+refused on memory gets verdicts (launch/plan/verdict.py): each change that makes it fit, with its cost.
 
 The disaggregated placement (rollout.placement=disaggregated: separate training and rollout pools) runs
-these same phase models on each pool: launch/plan_disagg.py, and launch/plan_split.py for the comparison
+these same phase models on each pool: launch/plan/disagg.py, and launch/plan/split.py for the comparison
 of every split with the colocated plan (docs/disaggregated.md).
 """
 
@@ -90,15 +90,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from megatron_maspo.launch.plan_cp import (
+from megatron_maspo.launch.plan.cp import (
     RingLoad,
     cp_trainer_reasons,
     ring_exposed_seconds,
     ring_link_gb_s,
 )
-from megatron_maspo.launch.plan_dispatch import step_dispatch_seconds
-from megatron_maspo.launch.plan_memory import category_bytes, offloaded_bytes
-from megatron_maspo.launch.plan_model import (
+from megatron_maspo.launch.plan.memory import category_bytes, offloaded_bytes
+from megatron_maspo.launch.plan.model import (
     activation_bytes,
     active_params,
     dense_attention_bytes,
@@ -107,14 +106,14 @@ from megatron_maspo.launch.plan_model import (
     kv_bytes_per_token,
     local_params,
 )
-from megatron_maspo.launch.plan_report import format_plan
-from megatron_maspo.launch.plan_rollout import (
+from megatron_maspo.launch.plan.report import format_plan
+from megatron_maspo.launch.plan.rollout import (
     EngineLoad,
     generation_seconds,
     length_second_moment,
     moe_touched_fraction,
 )
-from megatron_maspo.launch.plan_types import GIB, Assumptions, Layout, Memory, Plan, StepTime
+from megatron_maspo.launch.plan.types import GIB, Assumptions, Layout, Memory, Plan, StepTime
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
 from megatron_maspo.parallel.logprobs_budget import DEFAULT_BUDGET_BYTES
 from megatron_maspo.rollout.fleet import FleetLayout, build_fleet
@@ -163,7 +162,7 @@ def fleet_of(cfg: MaspoConfig, lay: Layout, world: int) -> FleetLayout | None:
 
 def _cp_ring(spec: ArchSpec, lay: Layout, row: int, seq: float, elt: int, hw: Assumptions,
              gpus_per_node: int) -> tuple[float, float]:
-    """Exposed ring-attention seconds (forward, backward) per layer and micro-batch (launch/plan_cp.py)."""
+    """Exposed ring-attention seconds (forward, backward) per layer and micro-batch (launch/plan/cp.py)."""
     load = RingLoad(cp=lay.cp, row_tokens=row, seq_mean=min(seq, row), heads=spec.num_attention_heads,
                     kv_groups=spec.num_query_groups, head_dim=spec.kv_channels, tp=lay.tp, elt=elt)
     bw = ring_link_gb_s(lay.tp, lay.cp, gpus_per_node, intra_gb_s=hw.nvlink_gb_s, inter_gb_s=hw.internode_gb_s)
@@ -328,7 +327,7 @@ def _memory_reasons(mem: Memory, sh: _Shape, kv_pool: float, kv_seqs: int, hw: A
 
 def seq_second_moment(sh: _Shape) -> float:
     """E[(p + L)^2] of the step's sequence lengths (tokens^2): prompts at their mean p, responses L with the
-    mean and tail of ``sh`` spread by the maximum-entropy law of ``plan_rollout.length_second_moment``.
+    mean and tail of ``sh`` spread by the maximum-entropy law of ``rollout.length_second_moment``.
 
     A causal attention pass costs ~ sum_i s_i^2, so with responses spread between 0 and the tail it costs
     n E[s^2], up to 4/3 (uniform) or 2 (mean far below the tail) times n (E s)^2 on the response part.
@@ -362,6 +361,9 @@ def _trainer_seconds(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, 
     update = fwd_s * (4 if lay.recompute == "full" else 3) + ring_fwd * (2 if lay.recompute == "full" else 1) \
         + ring_bwd
     if hw.controller_gb_s:  # the batch, padded to its longest sequence, shipped to every tp*pp*cp rank
+        # imported here: dispatch also runs as a script (python -m), which the package must not import first
+        from megatron_maspo.launch.plan.dispatch import step_dispatch_seconds
+
         lp_d, up_d = step_dispatch_seconds(seqs=n_seqs, padded_len=min(sh.seq_max, sh.avg_prompt + sh.tail),
                                            replicas=lay.tp * lay.pp * lay.cp, reference=sh.has_ref,
                                            controller_gb_s=hw.controller_gb_s)
@@ -371,7 +373,7 @@ def _trainer_seconds(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, 
 
 def _generation(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, fleet: FleetLayout | None,
                 engine_w: float, kv_pool: float, hw: Assumptions) -> float:
-    """Seconds of the rollout phase on the most loaded engine (launch/plan_rollout.py)."""
+    """Seconds of the rollout phase on the most loaded engine (launch/plan/rollout.py)."""
     ro, tr = cfg.rollout, cfg.train
     kvpt = kv_bytes_per_token(spec, lay.vllm_tp)
     per_engine = max(fleet.shard_sizes(tr.prompts_per_step)) * ro.group_size if fleet else sh.n_seqs

@@ -8,9 +8,9 @@ layout, maximum length, mean response length and the measured seconds per phase;
 ``LONG_HELD_OUT`` (1.5B / 7B at 28k with published response lengths) are the other tables of
 docs/planner-calibration.md.
 
-    python -m megatron_maspo.launch.plan_calibration      # prints the tables of docs/planner-calibration.md
-    python -m megatron_maspo.launch.plan_calibration --exponential-tail   # the rejected tail model
-    python -m megatron_maspo.launch.plan_calibration --controller-gb-s 0.8   # with NeMo-RL's data shipping
+    python -m megatron_maspo.launch.plan.calibration      # prints the tables of docs/planner-calibration.md
+    python -m megatron_maspo.launch.plan.calibration --exponential-tail   # the rejected tail model
+    python -m megatron_maspo.launch.plan.calibration --controller-gb-s 0.8   # with NeMo-RL's data shipping
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ throughput x 8 x gen time / 512 exceeds its mean response by 150). Held to the b
 
 MEASURED_CONTROLLER_GB_S = 0.8
 """Controller (de)serialisation rate measured on the development machine (one AMD EPYC vCPU) by
-``python -m megatron_maspo.launch.plan_dispatch``: 0.69-0.81 GB/s over several runs. Used only for the
+``python -m megatron_maspo.launch.plan.dispatch``: 0.69-0.81 GB/s over several runs. Used only for the
 comparison with NeMo-RL's single-controller data shipping (docs/planner-calibration.md), not in ``RUNS``."""
 
 
@@ -212,10 +212,11 @@ def planned(run: PublishedRun, exponential_tail: bool = False,
 
     ``exponential_tail``: instead of the budget, take as tail the expected longest of each engine's
     responses were their lengths exponential with the published mean (the comparison in the docs).
-    ``controller_gb_s``: add a single controller's data shipping at this rate (launch/plan_dispatch.py).
+    ``controller_gb_s``: add a single controller's data shipping at this rate (launch/plan/dispatch.py).
     """
-    from megatron_maspo.launch.plan import Assumptions, arch_of, estimate, layout_of
-    from megatron_maspo.launch.plan_rollout import exponential_expected_max
+    from megatron_maspo.launch.plan.estimator import arch_of, estimate, layout_of
+    from megatron_maspo.launch.plan.rollout import exponential_expected_max
+    from megatron_maspo.launch.plan.types import Assumptions
     from megatron_maspo.recipes.registry import resolve_config
 
     world = run.nodes * 8

@@ -3,7 +3,7 @@
 With ``rollout.placement=disaggregated`` a job of N GPUs is split into a training pool of T = N - R GPUs
 (ranks 0..T-1: the trainer's TP x PP x CP x EP x DP over T) and a rollout pool of R = rollout.engine_ranks
 GPUs (R / engine_tp engines), as the runtime's own object, ``rollout/pools.py::PoolLayout``, splits it.
-Every phase is the colocated planner's model (``launch/plan.py``), run on its own pool:
+Every phase is the colocated planner's model (``launch/plan/estimator.py``), run on its own pool:
 
     engine side   generation + grading + apply            R GPUs: plan._generation and _grading_seconds over
                                                           PoolLayout.fleet (the pool's R / engine_tp engines)
@@ -46,7 +46,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from megatron_maspo.launch.plan_types import GIB, Assumptions, Layout, Memory
+from megatron_maspo.launch.plan.types import GIB, Assumptions, Layout, Memory
 from megatron_maspo.rollout.pools import PoolLayout
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 VLLM_DEFAULT_UTILIZATION = 0.9
 """vLLM's own ``gpu_memory_utilization`` default (``vllm.EngineArgs``) for an engine with a GPU to itself:
-the fraction the planner gives engines when it proposes a split (``plan_split.py``)."""
+the fraction the planner gives engines when it proposes a split (``launch/plan/split.py``)."""
 
 RELAY_BUCKETS = 3
 """Buckets on a vLLM owner's GPU besides its engine share: one received over the bridge, two in the
@@ -248,7 +248,7 @@ def estimate_disaggregated(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nod
                            hw: Assumptions | None = None) -> PoolPlan:
     """Memory and time of ``cfg``'s disaggregated split (``rollout.engine_ranks``) on ``nodes x
     gpus_per_node`` GPUs, the training pool in layout ``lay``; ``reasons`` lists what it violates."""
-    from megatron_maspo.launch import plan as P
+    import megatron_maspo.launch.plan.estimator as P
 
     hw = hw or Assumptions()
     ro = cfg.rollout
@@ -294,7 +294,7 @@ def estimate_disaggregated(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nod
                                reasons=reasons)
 
 
-# --- memory verdicts for this placement (launch/plan_verdict.py runs them) --------------------------------
+# --- memory verdicts for this placement (launch/plan/verdict.py runs them) --------------------------------
 
 def _engine_share_fits(cfg, lay, plan, hw):
     """The engine GPU over its memory: the largest vLLM share it holds."""
@@ -307,7 +307,7 @@ def _engine_share_fits(cfg, lay, plan, hw):
 
 
 def _pool_changes():
-    from megatron_maspo.launch.plan_verdict import CHANGES
+    from megatron_maspo.launch.plan.verdict import CHANGES
 
     kept = tuple((n, c) for n, c in CHANGES if n in ("recompute", "pp x 2", "tp x 2"))
     return (*kept, ("a smaller engine share", _engine_share_fits))

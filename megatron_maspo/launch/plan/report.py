@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megatron_maspo.launch.plan_types import Plan
+from megatron_maspo.launch.plan.types import Plan
 
 
 def format_plan(plan: Plan, title: str = "") -> str:
@@ -42,7 +42,7 @@ def format_plan(plan: Plan, title: str = "") -> str:
 
 
 def format_pool_plan(plan, title: str = "") -> str:
-    """A human-readable report of one disaggregated split (``launch/plan_disagg.py::PoolPlan``)."""
+    """A human-readable report of one disaggregated split (``launch/plan/disagg.py::PoolPlan``)."""
     lay = plan.layout
     cp = f" cp={lay.cp}" if lay.cp > 1 else ""
     engines = plan.pools.num_engines if plan.pools else plan.engine_ranks // max(1, lay.vllm_tp)
@@ -80,7 +80,7 @@ def format_pool_plan(plan, title: str = "") -> str:
 
 
 def format_comparison(cmp, *, table: bool = False) -> str:
-    """Colocated vs the best disaggregated split (``launch/plan_split.py``); ``table``: every split."""
+    """Colocated vs the best disaggregated split (``launch/plan/split.py``); ``table``: every split."""
     col, k = cmp.colocated, cmp.staleness
     col_s = f"{col.time.total:.0f} s" if col.time and col.fits else "refused"
     lines = [f"placement: colocated step {col_s} on {col.world} GPUs"]

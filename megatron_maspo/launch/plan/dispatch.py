@@ -21,7 +21,7 @@ the planner leaves this term out unless ``Assumptions.controller_gb_s`` is set: 
 calibrate against) runs of such frameworks. Later NeMo-RL releases put each shard once (PR #1944) and
 pull one result per group (PR #3954), which removes R from the formula.
 
-    python -m megatron_maspo.launch.plan_dispatch      # measure controller_gb_s on this machine
+    python -m megatron_maspo.launch.plan.dispatch      # measure controller_gb_s on this machine
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Per-architecture figures the planner's formulas use: parameters per GPU, activation, attention and KV
-bytes, active parameters (pure maths; formulas in the docstring of ``launch/plan.py``).
+bytes, active parameters (pure maths; formulas in the docstring of ``launch/plan/estimator.py``).
 """
 
 from __future__ import annotations
 
 import math
 
-from megatron_maspo.launch.plan_types import Layout
+from megatron_maspo.launch.plan.types import Layout
 from megatron_maspo.model.spec import ArchSpec
 
 

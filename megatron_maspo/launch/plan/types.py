@@ -1,6 +1,6 @@
 """The planner's data: hardware assumptions, the layout searched over, and the figures it reports.
 
-Formulas: the docstring of ``launch/plan.py``.
+Formulas: the docstring of ``launch/plan/estimator.py``.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from megatron_maspo.launch.plan_memory import rollout_trace
+from megatron_maspo.launch.plan.memory import rollout_trace
 
 if TYPE_CHECKING:
     from megatron_maspo.rollout.fleet import FleetLayout
@@ -29,7 +29,7 @@ class Assumptions:
     mfu: float = 0.35
     """Model-FLOPs utilisation of dense trainer forward/backward at a per-GPU GEMM width of
     ``mfu_ref_width`` and micro-batches of at least ``mfu_ref_tokens`` (RL update phases: 0.2-0.4); other
-    shapes scale it by ``launch/plan_model.py::gemm_mfu``."""
+    shapes scale it by ``launch/plan/model.py::gemm_mfu``."""
     mfu_ref_width: int = 2048
     """Per-GPU GEMM width (hidden / TP) at which ``mfu`` holds: the width of the calibration rows it was
     chosen on (Llama-3.1-8B at TP 2, 70B at TP 4, Qwen3-30B-A3B at TP 1: 2048; Qwen3-32B at TP 4: 1280)."""
@@ -68,7 +68,7 @@ class Assumptions:
     p2p_latency_us: float = 20.0
     """Fixed cost of one ring hop (launch + synchronisation), microseconds."""
     controller_gb_s: float | None = None
-    """A single controller's batch (de)serialisation rate, GB/s (launch/plan_dispatch.py); None: no controller."""
+    """A single controller's batch (de)serialisation rate, GB/s (launch/plan/dispatch.py); None: no controller."""
     reserve_gb: float = 3.0
     """CUDA context, NCCL buffers and allocator fragmentation, GiB."""
     engine_overhead_gb: float = 2.0
@@ -110,7 +110,7 @@ class Memory:
     reference: float = 0.0
     """The frozen reference model's weights (train.reference_model), resident like the actor's."""
     offloaded: dict[str, float] = field(default_factory=dict)
-    """GiB per GPU moved to host memory during generation, by offload category (launch/plan_memory.py)."""
+    """GiB per GPU moved to host memory during generation, by offload category (launch/plan/memory.py)."""
     engine_weights: float | None = None
     """The engine's weights inside ``engine``, GiB; None: the whole share wakes at once (no phase order)."""
     sync_bucket: float = 0.0
@@ -128,7 +128,7 @@ class Memory:
 
     @property
     def rollout_trace(self) -> list[tuple[str, float]]:
-        """(phase, GiB reached) in the trainer's order from training to generation (launch/plan_memory.py)."""
+        """(phase, GiB reached) in the trainer's order from training to generation (launch/plan/memory.py)."""
         w = self.engine if self.engine_weights is None else self.engine_weights
         return rollout_trace({"trainer_state": self.weights + self.reference + self.grads + self.optimizer,
                               "reserve": self.reserve, "engine_weights": w, "sync_bucket": self.sync_bucket,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from megatron_maspo.config import MaspoConfig
-    from megatron_maspo.launch.plan_types import Assumptions, Layout, Plan
+    from megatron_maspo.launch.plan.types import Assumptions, Layout, Plan
     from megatron_maspo.model.spec import ArchSpec
 
 Change = Callable[["MaspoConfig", "Layout", "Plan", "Assumptions"], "tuple[MaspoConfig, Layout] | None"]
@@ -100,8 +100,8 @@ def memory_verdicts(cfg: MaspoConfig, spec: ArchSpec, plan: Plan, *, nodes: int,
     """Every single change and pair of ``changes`` that makes ``plan`` fit, cheapest first (a pair
     only when neither of its changes fits alone); empty when none does or ``plan`` is refused for more
     than memory. ``estimator`` plans each changed config (default ``plan.estimate``, the colocated
-    placement; ``plan_disagg.estimate_disaggregated`` with ``plan_disagg.POOL_CHANGES`` for the other)."""
-    from megatron_maspo.launch.plan import apply_layout, estimate, layout_of
+    placement; ``disagg.estimate_disaggregated`` with ``disagg.POOL_CHANGES`` for the other)."""
+    from megatron_maspo.launch.plan.estimator import apply_layout, estimate, layout_of
 
     estimator = estimator or estimate
     if plan.memory is None or plan.time is None or plan.fits or not _memory_only(plan):
