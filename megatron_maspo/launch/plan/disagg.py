@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from megatron_maspo.launch.plan.types import GIB, Assumptions, Layout, Memory
+from megatron_maspo.rollout import engines
 from megatron_maspo.rollout.pools import PoolLayout
 
 if TYPE_CHECKING:
@@ -222,7 +223,7 @@ def engine_memory(cfg: MaspoConfig, engine_share: float, engine_w: float, weight
                   hw: Assumptions) -> EngineMemory:
     """The owner GPU's memory (bytes in, GiB out) for the engine share ``plan._engine_bytes`` gives."""
     bucket = cfg.rollout.bucket_mb * 2**20
-    if cfg.rollout.engine == "vllm":
+    if engines.relays_to_workers(cfg.rollout):  # staged on the host, relayed bucket by bucket
         return EngineMemory(share=engine_share / GIB, weights=engine_w / GIB, staged=0.0,
                             buckets=RELAY_BUCKETS * bucket / GIB, reserve=hw.reserve_gb, host=weight_bytes / GIB)
     return EngineMemory(share=engine_share / GIB, weights=engine_w / GIB, staged=weight_bytes / GIB,
@@ -277,7 +278,7 @@ def estimate_disaggregated(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nod
     fleet = pools.fleet
     link, link_gb_s = bridge_link_gb_s(pools, gpus_per_node, hw)
     n_buckets = math.ceil(w_bytes / (ro.bucket_mb * 2**20))
-    host = hw.host_gb_s if ro.engine == "vllm" else None
+    host = hw.host_gb_s if engines.relays_to_workers(ro) else None
     time = PoolStepTime(generation=P._generation(cfg, spec, lay, sh, fleet, engine_w, kv_pool, hw),
                         grading=P._grading_seconds(cfg, fleet, sh.n_seqs, hw),
                         apply=apply_seconds(w_bytes, hw=hw, host_staged=host is not None),
@@ -288,7 +289,7 @@ def estimate_disaggregated(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nod
                                                     latency_s=hw.p2p_latency_us * 1e-6),
                         staleness=ro.max_staleness)
     frac = (max_engine_fraction(hw.gpu_mem_gb, buckets_gb=eng.buckets, reserve_gb=hw.reserve_gb)
-            if ro.engine == "vllm" else None)
+            if engines.reserves_gpu_share(ro) else None)
     return dataclasses.replace(base, dp=dp, pools=pools, memory=mem, engine=eng, time=time, kv_seqs=kv_seqs,
                                tail=sh.tail, link=link, link_gb_s=link_gb_s, engine_fraction_max=frac,
                                reasons=reasons)
@@ -298,7 +299,7 @@ def estimate_disaggregated(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nod
 
 def _engine_share_fits(cfg, lay, plan, hw):
     """The engine GPU over its memory: the largest vLLM share it holds."""
-    if cfg.rollout.engine != "vllm" or plan.engine is None or plan.engine.peak <= hw.gpu_mem_gb:
+    if not engines.reserves_gpu_share(cfg.rollout) or plan.engine is None or plan.engine.peak <= hw.gpu_mem_gb:
         return None
     frac = plan.engine_fraction_max
     if frac is None or frac <= 0.05 or frac >= cfg.rollout.vllm_gpu_memory_utilization:

@@ -116,6 +116,7 @@ from megatron_maspo.launch.plan.rollout import (
 from megatron_maspo.launch.plan.types import GIB, Assumptions, Layout, Memory, Plan, StepTime
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
 from megatron_maspo.parallel.logprobs_budget import DEFAULT_BUDGET_BYTES
+from megatron_maspo.rollout import engines
 from megatron_maspo.rollout.fleet import FleetLayout, build_fleet
 
 if TYPE_CHECKING:
@@ -269,7 +270,7 @@ def _engine_bytes(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, wor
     """(engine share, its weights, its KV pool) in bytes per GPU."""
     ro, tr = cfg.rollout, cfg.train
     engine_w = 2 * spec.num_parameters() / lay.vllm_tp
-    if ro.engine == "vllm":
+    if engines.reserves_gpu_share(ro):
         engine = ro.vllm_gpu_memory_utilization * hw.gpu_mem_gb * GIB
         kv_pool = engine - engine_w - hw.engine_overhead_gb * GIB
     else:  # builtin engine: a bf16 copy plus KV for this rank's sequences at full length
@@ -425,7 +426,7 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     return Plan(layout=lay, world=world, dp=dp, memory=mem, kv_seqs=kv_seqs, reasons=reasons,
                 engines=fleet.num_engines if fleet else 1, tail=sh.tail, fleet=fleet,
                 prompts_per_step=cfg.train.prompts_per_step,
-                transport=ro.weight_transport if ro.engine == "vllm" else "in-process", bucket_mb=ro.bucket_mb,
+                transport=ro.weight_transport if engines.relays_to_workers(ro) else "in-process", bucket_mb=ro.bucket_mb,
                 gpus_per_node=gpus_per_node,
                 time=StepTime(generation=gen, old_logprob=old_lp, update=update, sync=sync,
                               offload=2 * sum(off.values()) / (hw.host_gb_s * 1e9),

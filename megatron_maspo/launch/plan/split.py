@@ -32,6 +32,7 @@ from megatron_maspo.launch.plan.disagg import (
     max_engine_fraction,
 )
 from megatron_maspo.launch.plan.types import Assumptions, Layout, Plan
+from megatron_maspo.rollout import engines
 
 if TYPE_CHECKING:
     from megatron_maspo.config import MaspoConfig
@@ -135,7 +136,7 @@ def compare_placements(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: 
     hw = hw or Assumptions()
     k = max(1, cfg.rollout.max_staleness) if staleness is None else staleness
     col = estimate(colocated_config(cfg), spec, lay, nodes=nodes, gpus_per_node=gpus_per_node, hw=hw)
-    frac = split_engine_fraction(cfg, hw) if cfg.rollout.engine == "vllm" else None
+    frac = split_engine_fraction(cfg, hw) if engines.reserves_gpu_share(cfg.rollout) else None
     base = colocated_config(cfg)
     splits = []
     for r in split_candidates(nodes * gpus_per_node, cfg.rollout.engine_tp):

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from megatron_maspo.rollout import engines
+
 if TYPE_CHECKING:
     from megatron_maspo.config import MaspoConfig
     from megatron_maspo.launch.plan.types import Assumptions, Layout, Plan
@@ -68,7 +70,7 @@ def _recompute(cfg, lay, plan, hw):
 def _engine_fraction(cfg, lay, plan, hw):
     """The largest engine share (in steps of 0.01) that brings the rollout peak under the GPU's memory."""
     ro, m = cfg.rollout, plan.memory
-    if ro.engine != "vllm" or m is None:
+    if not engines.reserves_gpu_share(ro) or m is None:
         return None
     over = m.rollout_peak - hw.gpu_mem_gb
     if over <= 0:
