@@ -142,3 +142,12 @@ def test_the_declaration_expresses_the_next_families():
     defaults = get_family("qwen3_moe")
     assert (defaults.layer_kinds, defaults.nesting, defaults.fused_experts, defaults.passthrough,
             defaults.recurrent_state_bytes, dict(defaults.layer_names_by_kind)) == (None, None, None, (), None, {})
+
+
+def test_every_family_with_a_tiny_model_has_its_conversion_tests():
+    """Adding a family means adding it to the parametrised conversion tests (docs/conversion.md)."""
+    from tests.distributed import test_conversion_parity
+    from tests.unit.conversion import test_keys_and_config
+
+    assert sorted(test_keys_and_config.FAMILIES) == sorted(TINY_DEFAULTS)
+    assert sorted(test_conversion_parity.FAMILIES) == sorted(test_conversion_parity.DEFAULT) == sorted(TINY_DEFAULTS)
