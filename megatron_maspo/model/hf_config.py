@@ -86,13 +86,9 @@ def hf_config_dict(spec: ArchSpec) -> dict:
             in a dense family, q/k norms or QKV biases the HF family always or never has).
     """
     family = get_family(spec.family)
-    moe_families = [f.name for f in families() if f.moe]
     if spec.moe_shared_expert_intermediate_size and not family.shared_experts:
-        shared = [f.name for f in families() if f.shared_experts]
-        raise ValueError(f"ArchSpec.moe_shared_expert_intermediate_size is set but no supported HF family "
-                         f"({', '.join(moe_families)}) has shared experts" if not shared else
-                         f"ArchSpec.moe_shared_expert_intermediate_size is set but family {spec.family!r} "
-                         f"has no shared experts; families with them: {shared}")
+        raise ValueError(f"ArchSpec.moe_shared_expert_intermediate_size is set but HF {family.display_name} "
+                         f"(family {spec.family!r}) has no shared experts")
     name = f"ArchSpec(family={spec.family!r})"
     if family.qkv_bias == "always" and not spec.add_qkv_bias:
         raise ValueError(f"{name}.add_qkv_bias=False: HF {family.display_name} always has QKV biases")
@@ -101,7 +97,8 @@ def hf_config_dict(spec: ArchSpec) -> dict:
     if not family.qk_norm and spec.qk_layernorm:
         raise ValueError(f"{name}.qk_layernorm=True has no HF equivalent")
     if spec.is_moe and not family.moe:
-        raise ValueError(f"{name} has num_moe_experts set; only {', '.join(moe_families)} is MoE")
+        moe = [f.name for f in families() if f.moe]
+        raise ValueError(f"{name} has num_moe_experts set; only {', '.join(moe)} {'is' if len(moe) == 1 else 'are'} MoE")
     d: dict[str, Any] = {"model_type": family.model_types[0], "architectures": [family.architectures[0]],
                          **family.to_hf(spec)}
     if family.qkv_bias == "config":

@@ -61,7 +61,7 @@ class FusedExperts:
     """HF name template of ``[E, H, I]``."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelFamily:
     """One model family, declared once.
 
