@@ -70,7 +70,7 @@ def arch_spec_from_hf(config: Any) -> ArchSpec:
     # Fill transformers' own defaults for keys a hand-written dict leaves out.
     from transformers import AutoConfig
 
-    cfg = AutoConfig.for_model(model_type, **{k: v for k, v in d.items() if k != "model_type"})
+    cfg = AutoConfig.for_model(d["model_type"], **{k: v for k, v in d.items() if k != "model_type"})
     fields = family.from_hf(cfg, d)
     if family.qkv_bias == "always":  # e.g. Qwen2: q/k/v biases with no config key
         fields["add_qkv_bias"] = True
