@@ -15,6 +15,8 @@ import argparse
 import logging
 import sys
 
+from megatron_maspo.model.families.registry import LiveNames, families
+
 logger = logging.getLogger(__name__)
 
 
@@ -26,8 +28,9 @@ def _layout(p: argparse.ArgumentParser) -> None:
                    help="compare logits of both sides on a few prompts; print the max relative error")
 
 
-TINY_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
-"""``model/tiny_hf.py``'s families (listed here: ``maspo --help`` must not import torch)."""
+TINY_FAMILIES = LiveNames(lambda: tuple(f.name for f in families() if f.tiny))
+"""The families with a tiny test model (``model/tiny_hf.py``), read from the torch-free family registry
+(``maspo --help`` must not import torch)."""
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -1,10 +1,10 @@
-"""Declarative HF <-> Megatron-Core name mappings (conversion-rules.md §2-§5).
+"""What reads the declarative HF <-> Megatron-Core name tables (conversion-rules.md §2-§5).
 
-A family table is a tuple of mapping entries. Names are templates: ``{layer}`` is the GLOBAL layer
-index on the HF side and the stage-LOCAL index on the Megatron side (the planner substitutes both);
-``{expert}`` is the global expert id on the HF side and ``{local_expert}`` the id on this EP rank
-(``expert = ep_rank * experts_per_rank + local_expert``). Split dimensions live here, never in a
-parameter's ``partition_dim`` attribute (wrong for grouped expert ``linear_fc2``, conversion-rules.md §5).
+The entry types (``Direct``, ``QKV``, ``GatedMLP``, ``FamilyTable``) are plain data declared in
+``model/families/names.py`` (each family's declaration holds its own table) and re-exported here. Names
+are templates: ``{layer}`` is the GLOBAL layer index on the HF side and the stage-LOCAL index on the
+Megatron side (the planner substitutes both); ``{expert}`` is the global expert id on the HF side and
+``{local_expert}`` the id on this EP rank (``expert = ep_rank * experts_per_rank + local_expert``).
 
 The same tables drive ``hf_to_megatron`` (load), ``megatron_to_hf`` (export, hence the rollout weight
 sync) and :func:`hf_state_dict_keys`.
@@ -12,78 +12,10 @@ sync) and :func:`hf_state_dict_keys`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
+from megatron_maspo.model.families.names import QKV, Condition, Direct, Entry, FamilyTable, GatedMLP
 from megatron_maspo.model.spec import ArchSpec
 
-Condition = Literal["qkv_bias", "qk_norm", "untied"]
-
-
-@dataclass(frozen=True)
-class Direct:
-    """One HF tensor <-> one Megatron tensor.
-
-    ``split`` is the TP split dim (0: column-parallel, 1: row-parallel, None: replicated);
-    ``vocab`` marks vocab-parallel rows padded from V to Vp.
-    """
-
-    hf: str
-    mcore: str
-    split: int | None = None
-    vocab: bool = False
-    when: Condition | None = None
-
-    @property
-    def hf_names(self) -> tuple[str, ...]:
-        return (self.hf,)
-
-
-@dataclass(frozen=True)
-class QKV:
-    """HF ``q``, ``k``, ``v`` (weights ``[*, H]`` or biases) <-> Megatron fused ``linear_qkv``,
-    grouped per KV head: for g in 0..G-1, [NH/G query heads, key head g, value head g] (§4)."""
-
-    q: str
-    k: str
-    v: str
-    mcore: str
-    when: Condition | None = None
-    split: int = 0
-
-    @property
-    def hf_names(self) -> tuple[str, ...]:
-        return (self.q, self.k, self.v)
-
-
-@dataclass(frozen=True)
-class GatedMLP:
-    """HF ``gate_proj`` + ``up_proj`` <-> Megatron ``linear_fc1``; TP rank r holds
-    ``[gate.chunk(t)[r]; up.chunk(t)[r]]`` (§5)."""
-
-    gate: str
-    up: str
-    mcore: str
-    when: Condition | None = None
-    split: int = 0
-
-    @property
-    def hf_names(self) -> tuple[str, ...]:
-        return (self.gate, self.up)
-
-
-Entry = Direct | QKV | GatedMLP
-
-
-@dataclass(frozen=True)
-class FamilyTable:
-    """All mappings of one HF family: ``pre`` (embedding, first stage), ``layer`` (per decoder layer;
-    entries with ``{expert}`` are repeated for every expert) and ``post`` (final norm, head)."""
-
-    family: str
-    pre: tuple[Entry, ...]
-    layer: tuple[Entry, ...]
-    post: tuple[Entry, ...]
+__all__ = ["QKV", "Condition", "Direct", "Entry", "FamilyTable", "GatedMLP", "enabled", "fill", "is_expert"]
 
 
 def is_expert(entry: Entry) -> bool:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+from megatron_maspo.model.families.registry import LiveNames, family_names
+
+SUPPORTED_FAMILIES = LiveNames(family_names)
+"""The registered model families (``model/families/``), a live view: a family registered later is in it."""
 
 
 @dataclass(kw_only=True)
@@ -20,7 +23,8 @@ class ArchSpec:
     """
 
     family: str
-    """One of ``SUPPORTED_FAMILIES``; selects the HF name table in ``conversion/``."""
+    """One of ``SUPPORTED_FAMILIES`` (a family declared in ``model/families/``); selects its HF config
+    mapping, its name table in ``conversion/`` and its presets."""
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int

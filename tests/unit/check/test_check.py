@@ -83,11 +83,12 @@ def test_engines_without_their_own_gpu_fail_8_engines_on_one_node(monkeypatch):
 def test_a_missing_table_entry_is_named(monkeypatch):
     import dataclasses
 
-    from megatron_maspo.conversion import families
+    from megatron_maspo.model.families import registry
 
-    t = families.FAMILY_TABLES["qwen2"]
-    layer = tuple(e for e in t.layer if "o_proj" not in e.hf_names[0])
-    monkeypatch.setitem(families.FAMILY_TABLES, "qwen2", dataclasses.replace(t, layer=layer))
+    qwen2 = registry.get_family("qwen2")  # FAMILY_TABLES is a read-only view: patch the declaration
+    layer = tuple(e for e in qwen2.names.layer if "o_proj" not in e.hf_names[0])
+    monkeypatch.setitem(registry._FAMILIES, "qwen2",
+                        dataclasses.replace(qwen2, names=dataclasses.replace(qwen2.names, layer=layer)))
     res = _check("r1_distill_qwen_1p5b_maspo")
     assert not res.ok and res.error.step == "tables"
     assert "self_attention.linear_proj.weight is in no conversion-table entry" in str(res.error)
