@@ -77,3 +77,65 @@ def test_a_real_dcp_metadata_passes_and_a_crafted_one_is_refused(tmp_path):
         b"\x80\x04\x8c%torch.distributed.checkpoint.filesystem\x94\x8c\tos.system\x94\x93\x94.")
     with pytest.raises(InputError, match="refused"):
         screen_metadata(bad / ".metadata")
+
+
+def _dcp_with_bytes(folder: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save({"w": torch.randn(3, 4).bfloat16(), "extra": [None], "opt": torch.zeros(2)},
+                 checkpoint_id=str(folder))
+
+
+def test_a_code_running_bytes_item_in_a_shard_is_refused_without_running(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from tests.hostile import plant_in_bytes_item
+
+    ckpt, marker = tmp_path / "ckpt", tmp_path / "ran"
+    _dcp_with_bytes(ckpt)
+    screen_checkpoint(ckpt)  # the clean one passes
+    shard, key = plant_in_bytes_item(ckpt, marker)
+    with pytest.raises(InputError) as e:
+        screen_checkpoint(ckpt)
+    assert not marker.exists()
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{shard}: bytes item {key!r}: refused"), msg
+    # the plant is a real attack: torch's own reader runs it (what every resume did before the screen)
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with pytest.warns(UserWarning, match="single process"), pytest.raises(CheckpointException, match="magic"):
+        dcp.load({"extra": None}, checkpoint_id=str(ckpt))  # the code runs, then torch fails
+    assert marker.exists()
+
+
+def test_metadata_naming_a_shard_outside_the_folder_is_refused(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _dcp_with_bytes(ckpt)
+    raw = (ckpt / ".metadata").read_bytes()
+    (ckpt / ".metadata").write_bytes(raw.replace(b"__0_0.distcp", b"../_0.distcp"))  # same length
+    with pytest.raises(InputError, match="outside the checkpoint folder"):
+        screen_checkpoint(ckpt)
+
+
+def test_the_conversion_dtype_probe_reads_metadata_through_the_screen(tmp_path):
+    from megatron_maspo.conversion.jobs import megatron_checkpoint_dtype
+    from tests.hostile import system_pickle
+
+    ckpt, marker = tmp_path / "ckpt", tmp_path / "ran"
+    _dcp_with_bytes(ckpt)
+    assert megatron_checkpoint_dtype(ckpt) == torch.float32  # w bf16, opt fp32: the widest one
+    (ckpt / ".metadata").write_bytes(system_pickle(marker))
+    with pytest.raises(InputError, match=r"\.metadata: refused, its pickle names posix\.system"):
+        megatron_checkpoint_dtype(ckpt)
+    assert not marker.exists()
+
+
+def test_reader_and_writer_classes_of_torch_checkpoint_modules_are_refused(tmp_path):
+    # FileSystemWriter is defined in an allowed module but is neither a dataclass nor an enum
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    bad = tmp_path / ".metadata"
+    bad.write_bytes(pickle.dumps(FileSystemWriter, protocol=4))  # a reference to the class
+    with pytest.raises(InputError, match="names torch.distributed.checkpoint.filesystem.FileSystemWriter"):
+        screen_metadata(bad)
