@@ -80,21 +80,25 @@ def run(args: argparse.Namespace) -> int:
 
     refuse_broken_stack()  # on a GPU: a known-broken torch/vLLM/TE set stops here, in one line
     resume = bool(args.resume) or auto_resume(cfg)
-    ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)
-    from megatron_maspo.model.ckpt_manifest import check_storage, folder_bytes
+    from megatron_maspo.train.run_lock import run_dir_lock
 
-    # Writable, with room for the next checkpoint (the last one's size; a fresh run: 64 MiB of headroom).
-    check_storage(cfg.checkpoint.run_dir, folder_bytes(ckpts[-1]) if ckpts else 64 * 2**20)
+    # The run directory is this run's before anything is written there (train/run_lock.py).
+    with run_dir_lock(cfg.checkpoint.run_dir, rank=int(os.environ.get("RANK", "0"))):
+        ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)
+        from megatron_maspo.model.ckpt_manifest import check_storage, folder_bytes
 
-    import time
+        # Writable, with room for the next checkpoint (the last one's size; a fresh run: 64 MiB of headroom).
+        check_storage(cfg.checkpoint.run_dir, folder_bytes(ckpts[-1]) if ckpts else 64 * 2**20)
 
-    t0 = time.monotonic()
-    from megatron_maspo.parallel.device import import_megatron_core
+        import time
 
-    import_megatron_core()  # megatron-core from here on
-    from megatron_maspo.train.loop import train
+        t0 = time.monotonic()
+        from megatron_maspo.parallel.device import import_megatron_core
 
-    run_dir = train(cfg, resume=resume)
+        import_megatron_core()  # megatron-core from here on
+        from megatron_maspo.train.loop import train
+
+        run_dir = train(cfg, resume=resume)
     requeue_if_unfinished(cfg)  # a Slurm job stopped by its time-limit signal goes back in the queue
     print(f"run directory: {run_dir}")
     if int(os.environ.get("RANK", "0")) == 0:

@@ -155,7 +155,7 @@ def test_sigterm_checkpoints_and_sigkill_loses_only_recent_steps(tmp_path):
     p.kill()
     p.wait(timeout=60)
     ckpts = sorted((run_dir / "checkpoints").glob("step_*"), key=lambda x: int(x.name.split("_")[1]))
-    # A partial .tmp_step_* left by the kill must be ignored by the resume below.
+    # A partial .tmp_step_*.* left by the kill must be ignored by the resume below.
     last = int(ckpts[-1].name.split("_")[1])
     assert last >= done
     out = _run("--resume", str(run_dir), sets=[f"train.steps={last + 1}"])
