@@ -85,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
     # The run directory is this run's before anything is written there (train/run_lock.py).
     with run_dir_lock(cfg.checkpoint.run_dir, rank=int(os.environ.get("RANK", "0"))):
         ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)
+        if resume:  # a model or layout the checkpoint cannot follow: one line, before Megatron sees it
+            from megatron_maspo.train.resume_check import check_resume_config
+
+            check_resume_config(cfg.checkpoint.run_dir, cfg, ckpts[-1])
         from megatron_maspo.model.ckpt_manifest import check_storage, folder_bytes
 
         # Writable, with room for the next checkpoint (the last one's size; a fresh run: 64 MiB of headroom).

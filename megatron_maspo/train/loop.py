@@ -65,6 +65,7 @@ from megatron_maspo.train.preflight import check_layout_supported, check_run_dir
 from megatron_maspo.train.process import faults
 from megatron_maspo.train.process.distributed import JobPools, setup_distributed, setup_pools
 from megatron_maspo.train.process.signals import StopRequest
+from megatron_maspo.train.resume_check import check_resume_config
 from megatron_maspo.train.rollouts.groups import samples_from_groups
 from megatron_maspo.train.sft import sft_warm_start
 
@@ -94,6 +95,8 @@ class Trainer:
         check_combinations(cfg)  # ValueError; the CLI has already run it (as a ConfigError)
         check_layout_supported(cfg.parallel, cfg.model, cfg.loss)
         ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)  # before the model is built
+        if resume:
+            check_resume_config(cfg.checkpoint.run_dir, cfg, ckpts[-1])
         self.rank, world = setup_distributed()  # with pools: the training pool's default group
         if world != cfg.parallel.world_size:
             cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, world_size=world))

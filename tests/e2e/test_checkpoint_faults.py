@@ -8,6 +8,7 @@ One micro run writes ``step_1`` and ``step_2``; each test works on a copy of it:
   match, and a hostile ``.metadata``: ``--resume`` and ``maspo eval`` both refuse it in one line;
 - a truncated file in the newest checkpoint: resume names it and continues from ``step_1``; nothing
   complete left: exit 2, one line;
+- ``--resume`` with another model size or loss method: exit 2, one line naming the field;
 - the disk filling during a save (a file-size limit): one line naming the path; ``step_2`` still intact.
 """
 
@@ -117,6 +118,18 @@ def test_a_hostile_shard_item_or_metadata_resealed_is_refused_by_resume_and_eval
         assert r.returncode == 2 and not marker.exists(), r.stderr[-3000:]
         assert "Traceback" not in r.stderr, r.stderr[-3000:]
         assert _last_line(r).startswith(f"maspo {cmd}: error: {want}"), _last_line(r)
+
+
+@pytest.mark.parametrize(("change", "named"), [("model.tiny_hidden_size=64", "model.tiny_hidden_size 32 -> 64"),
+                                               ("loss.method=grpo", "loss.method 'maspo' -> 'grpo'")])
+def test_resume_with_another_model_or_method_is_one_line(pristine, tmp_path, change, named):
+    run = _copy(pristine, tmp_path)
+    r = _maspo("train", "--resume", str(run), "--set", "train.steps=3", "--set", change)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [
+        f"maspo train: error: --resume {run}: its checkpoints cannot be loaded with this config: {named}; "
+        "these cannot change on resume: start a new checkpoint.run_dir (to keep the weights, with "
+        "model.megatron_checkpoint=<checkpoint> when the shapes match)"], r.stderr[-3000:]
 
 
 def test_an_untouched_copy_resumes(pristine, tmp_path):
