@@ -23,15 +23,42 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _check_rows(cfg) -> None:
-    """A file or function dataset with no usable row fails here, in one line, before any model is built."""
-    from megatron_maspo.data.dataset import load_examples
+def _check_prompts(cfg) -> None:
+    """No usable prompt (none loads, or none fits ``data.max_prompt_tokens``) fails here, in one line,
+    with the tokenizer only: before any model is built and before the run directory is created."""
+    from megatron_maspo.data.dataset import load_examples, tokenize_examples
     from megatron_maspo.data.example import SkipLog
     from megatron_maspo.errors import InputError
 
-    skips = SkipLog()
-    if not load_examples(cfg.data, skips):
-        raise InputError(f"data.source={cfg.data.source!r}: no usable row (skipped: {dict(skips.counts)})")
+    class _Counted(SkipLog):  # the trainer logs each skip reason once when it loads the data itself
+        def skip(self, reason: str, where: str) -> None:
+            self.counts[reason] += 1
+
+    skips = _Counted()
+    examples = load_examples(cfg.data, skips)
+    tok = _tokenizer(cfg.model.source)
+    if examples and tok is not None:
+        examples = tokenize_examples(examples, tok, cfg.data, skips)
+    if not examples:
+        budget = (f"; every prompt is over data.max_prompt_tokens={cfg.data.max_prompt_tokens}"
+                  if set(skips.counts) == {"too_long"} else "")
+        raise InputError(f"data.source={cfg.data.source!r}: no usable row (skipped: {dict(skips.counts)}){budget}")
+
+
+def _tokenizer(source: str):
+    """The run's tokenizer without its model: the byte tokenizer, or an HF folder's; None otherwise (the
+    model build reports a bad source)."""
+    from pathlib import Path
+
+    if source == "tiny":
+        from megatron_maspo.data.tokenizer import build_byte_tokenizer
+
+        return build_byte_tokenizer()
+    if (Path(source) / "config.json").is_file():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(source)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
         raise MissingPathError(f"data.source={src!r}: no such file")
     if cfg.reward.grader:
         resolve(cfg.reward.grader, "reward.grader")
-    if src != "synthetic" and not src.startswith("reasoning_gym:"):
-        _check_rows(cfg)
+    if not src.startswith("reasoning_gym:"):  # reasoning-gym generates its rows in the trainer
+        _check_prompts(cfg)
     from megatron_maspo.launch.requeue import auto_resume, requeue_if_unfinished
     from megatron_maspo.train.preflight import check_layout_supported, check_run_dir
 

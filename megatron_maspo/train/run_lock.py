@@ -18,7 +18,8 @@ thing ``maspo train`` does with a run directory is create ``<run_dir>/.maspo_run
   ``SLURM_RESTART_COUNT``): the holder is this job's own earlier incarnation, which Slurm has ended.
 * **Readers do not lock**: ``maspo eval`` of a running run reads its complete ``step_*`` folders.
 
-The lock is released (deleted, if it is still ours) when the run ends, whatever the outcome.
+The lock is released (deleted, if it is still ours) when the run ends, whatever the outcome; a run
+directory the run created and left empty (a refusal before the first write) is removed with it.
 """
 
 from __future__ import annotations
@@ -167,8 +168,12 @@ def run_dir_lock(run_dir: str | Path, *, rank: int) -> Iterator[Path | None]:
     if rank != 0:
         yield None
         return
+    created = not Path(run_dir).exists()
     lock = acquire(run_dir)
     try:
         yield lock
     finally:
         release(lock)
+        if created:  # refused before writing anything (e.g. a preflight check): leave no empty folder
+            with contextlib.suppress(OSError):
+                Path(run_dir).rmdir()

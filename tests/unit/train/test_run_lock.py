@@ -99,6 +99,10 @@ def test_only_rank_0_holds_the_lock_and_releases_it_on_error(tmp_path):
         assert lock.exists()
         raise RuntimeError("the run failed")
     assert not (tmp_path / LOCK_NAME).exists()
+    fresh = tmp_path / "fresh"  # created by the lock, refused before any write: no empty folder left
+    with pytest.raises(RuntimeError), run_dir_lock(fresh, rank=0):
+        raise RuntimeError("refused by a preflight check")
+    assert not fresh.exists() and tmp_path.exists()
 
 
 def test_racing_starters_on_a_stale_lock_get_one_winner(tmp_path):
