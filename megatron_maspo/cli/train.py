@@ -116,10 +116,11 @@ def run(args: argparse.Namespace) -> int:
             from megatron_maspo.train.resume_check import check_resume_config
 
             check_resume_config(cfg.checkpoint.run_dir, cfg, ckpts[-1])
-        from megatron_maspo.model.ckpt_manifest import check_storage, folder_bytes
+        from megatron_maspo.model.ckpt_manifest import check_storage
+        from megatron_maspo.train.preflight import free_bytes_needed
 
-        # Writable, with room for the next checkpoint (the last one's size; a fresh run: 64 MiB of headroom).
-        check_storage(cfg.checkpoint.run_dir, folder_bytes(ckpts[-1]) if ckpts else 64 * 2**20)
+        # Writable, with room for the next checkpoint (checkpoint.min_free_mb; by default one checkpoint).
+        check_storage(cfg.checkpoint.run_dir, free_bytes_needed(cfg, ckpts))
 
         import time
 

@@ -75,3 +75,4 @@ def test_an_hf_folder_changed_under_the_same_path_is_named(tmp_path):
     (hf / "config.json").write_text(json.dumps(hf_cfg))
     with pytest.raises(ConfigError, match=f"{hf}/config.json: ffn_hidden_size"):
         check_resume_config(tmp_path / "run", cfg, ckpt)
+
