@@ -38,8 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, default=None, help="samples per problem (default 32; 1 with --temperature 0)")
     p.add_argument("--temperature", type=float, default=None,
                    help="default: the run's rollout temperature; 0 = greedy")
-    p.add_argument("--grader", choices=("math_verify", "prime_math"), default="math_verify",
-                   help="math_verify: the training reward; prime_math: the paper's evaluation grader rules")
+    p.add_argument("--grader", choices=("math_verify", "prime_math"), default=None,
+                   help="math_verify: the training reward; prime_math: the paper's evaluation grader rules "
+                        "(default: the run's eval.grader; the paper recipes set prime_math)")
     p.add_argument("--dropped", choices=("wrong", "exclude"), default="wrong",
                    help="prompts over the length budget: score them wrong (default) or leave them out")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's max_new_tokens")
@@ -76,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from megatron_maspo.train.config import CHECKPOINT_SUBDIR
 
     cfg = resolve_config(None, args.run_dir, args.overrides)
+    args.grader = args.grader or cfg.eval.grader  # a paper recipe's run grades as the paper did
     announce_plugins(cfg, f"config {args.run_dir}")  # the run's config.yaml: say what it will import
     greedy = args.temperature == 0
     args.k = args.k if args.k is not None else (1 if greedy else 32)

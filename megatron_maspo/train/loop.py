@@ -235,7 +235,7 @@ class Trainer:
         self.meters.progress = progress
         # Held-out evaluation stays on the first engine (rank 0), between steps.
         held_out = TrainingEval(cfg.eval, cfg.data, cfg.rollout, seed=cfg.train.seed,
-                                tokenizer=self.tokenizer, is_engine_rank=self.rank == 0)
+                                tokenizer=self.tokenizer, is_engine_rank=self.rank == 0, reward=cfg.reward)
         shard = self.rollouts.shard if self.rank == 0 else None
         evaluate = (lambda: held_out(shard.engine, shard.grader)) if shard is not None else dict
         clean = False
@@ -275,6 +275,7 @@ class Trainer:
             clean = True
         finally:
             unfreeze_long_lived_objects()
+            held_out.close()
             progress.close()
             sink.close()
             self.rollouts.close(clean=clean)  # a rollout pool is told to stop only after a clean end
