@@ -45,6 +45,18 @@ def _check_prompts(cfg) -> None:
         raise InputError(f"data.source={cfg.data.source!r}: no usable row (skipped: {dict(skips.counts)}){budget}")
 
 
+def _screen_inputs(cfg, resume_from) -> None:
+    """Every checkpoint this run will load, screened before any model is built (``docs/security.md``):
+    the one ``--resume`` continues from and ``model.megatron_checkpoint``. The loads screen again."""
+    from pathlib import Path
+
+    from megatron_maspo.model.safe_load import screen_checkpoint
+
+    for ckpt in (resume_from, cfg.model.megatron_checkpoint):
+        if ckpt is not None and Path(ckpt).is_dir():
+            screen_checkpoint(Path(ckpt))
+
+
 def _tokenizer(source: str):
     """The run's tokenizer without its model: the byte tokenizer, or an HF folder's; None otherwise (the
     model build reports a bad source)."""
@@ -116,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
             from megatron_maspo.train.resume_check import check_resume_config
 
             check_resume_config(cfg.checkpoint.run_dir, cfg, ckpts[-1])
+        _screen_inputs(cfg, ckpts[-1] if resume else None)
         from megatron_maspo.model.ckpt_manifest import check_storage
         from megatron_maspo.train.preflight import free_bytes_needed
 

@@ -2,7 +2,8 @@
 starts, in one line naming the file, with no code run and no output folder (real files and commands).
 
 The ``.metadata`` case is the one that ran code before: the dtype probe read it through Megatron's
-``load_tensors_metadata`` ahead of the screen.
+``load_tensors_metadata`` ahead of the screen. ``maspo train`` with such a checkpoint as
+``model.megatron_checkpoint`` refuses it the same way, before building a model or writing anything.
 """
 
 from __future__ import annotations
@@ -60,3 +61,17 @@ def test_a_hostile_shard_item_or_pt_is_refused_before_any_rank_starts(tmp_path, 
     with pytest.raises(InputError, match=f"^{bad}: .*refused"):
         convert_megatron_to_hf(ckpt, out)
     assert not marker.exists() and not out.exists()
+
+
+def test_a_hostile_initial_checkpoint_is_refused_by_train_before_any_model(tmp_path):
+    ckpt, marker, run = _checkpoint(tmp_path / "ckpt"), tmp_path / "ran", tmp_path / "run"
+    bad, key = plant_in_bytes_item(ckpt, marker)
+    r = subprocess.run([sys.executable, "-m", "megatron_maspo.cli.main", "train", "--set",
+                        f"model.megatron_checkpoint={ckpt}", "--set", f"checkpoint.run_dir={run}"],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2 and not marker.exists(), r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"maspo train: error: {bad}: bytes item {key!r}: refused, it is not plain tensor data"), lines
+    assert not run.exists()  # refused before anything was written
+
