@@ -56,3 +56,21 @@ def plant_in_bytes_item(folder: Path, marker: Path) -> tuple[Path, str]:
                 f.write(payload + b"\0" * (info.length - len(payload)))
             return shard, index.fqn
     raise AssertionError(f"{folder}: no bytes item to plant in")
+
+
+def replace_bytes_item(folder: Path, key: str, payload: bytes) -> Path:
+    """Store ``payload`` as the bytes item ``key`` of ``folder`` in a shard file of its own, and rewrite the
+    ``.metadata`` to point there (what anyone handing over a checkpoint can do). Returns the new shard."""
+    import dataclasses
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    md = FileSystemReader(str(folder)).read_metadata()  # our own freshly written checkpoint
+    index = next(i for i in md.storage_data if i.fqn == key)
+    shard = folder / f"__planted_{len(list(folder.glob('__planted_*')))}.distcp"
+    shard.write_bytes(payload)
+    md.storage_data[index] = dataclasses.replace(md.storage_data[index], relative_path=shard.name, offset=0,
+                                                 length=len(payload))
+    with open(folder / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    return shard

@@ -178,7 +178,61 @@ def screen_bytes_items(folder: Path, md: Any) -> None:
                 data = f.read(int(info.length))
         except (OSError, TypeError, ValueError) as e:
             raise InputError(f"{where}: cannot be read ({type(e).__name__}: {str(e)[:160]})") from None
-        _load_plain_pt(io.BytesIO(data), where)
+        obj = _load_plain_pt(io.BytesIO(data), where)
+        if "_extra_state" in index.fqn:
+            screen_extra_state(obj, where)
+
+
+# Transformer Engine's module extra state (FP8 scales and recipe) is a uint8 tensor holding a plain
+# pickle, which TE's ``set_extra_state`` hands to ``pickle.loads``: the checkpoint's bytes item passes the
+# weights-only screen as "a tensor", and the code would run inside the load. What TE pickles there: a
+# dict of tensors (torch's reduce: ``_rebuild_tensor_v2`` over storages saved as bytes) and its recipe
+# (dataclasses, enums and named tuples of ``transformer_engine.common.recipe``).
+_EXTRA_STATE_ALLOWED: dict[str, frozenset[str]] = {
+    **_METADATA_ALLOWED,
+    "torch._utils": frozenset({"_rebuild_tensor_v2", "_rebuild_tensor"}),
+}
+_TE_RECIPE_MODULE = "transformer_engine.common.recipe"
+
+
+def _storage_from_bytes(b: bytes) -> Any:
+    # torch's own ``_load_from_bytes`` loads these with weights_only=False: the screen loads them with True
+    return torch.load(io.BytesIO(b), weights_only=True)
+
+
+class _ExtraStateUnpickler(pickle.Unpickler):
+    """Unpickles a TE extra-state pickle if it names only tensors, plain containers and TE recipe types."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch.storage" and name == "_load_from_bytes":
+            return _storage_from_bytes
+        if "." not in name and name in _EXTRA_STATE_ALLOWED.get(module, ()):
+            return super().find_class(module, name)
+        if "." not in name and module == _TE_RECIPE_MODULE:
+            obj = super().find_class(module, name)  # TE is installed where its checkpoints are loaded
+            if isinstance(obj, type) and obj.__module__ == module and (
+                    dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum | tuple)):
+                return obj
+        raise pickle.UnpicklingError(f"names {module}.{name}")
+
+
+def screen_extra_state(obj: Any, where: str) -> None:
+    """Screen the pickles inside the uint8 tensors of an ``_extra_state`` object (a list, as Megatron
+    stores it, or the tensor itself); an empty tensor (TE without FP8) holds none.
+
+    Raises:
+        InputError: a pickle names anything but tensors, containers and TE's recipe types.
+    """
+    items = obj if isinstance(obj, list | tuple) else [obj]
+    for t in items:
+        if not (isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.numel() > 0):
+            continue
+        try:
+            _ExtraStateUnpickler(io.BytesIO(t.detach().cpu().numpy().tobytes())).load()
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise InputError(f"{where}: refused, its extra-state pickle {first[:160]} (Transformer Engine "
+                             "would unpickle it without restriction); see docs/security.md") from None
 
 
 def screen_checkpoint(path: Path) -> None:
@@ -191,7 +245,9 @@ def screen_checkpoint(path: Path) -> None:
         InputError: one file or item is refused or unreadable (the message names it).
     """
     for pt in sorted(path.rglob("*.pt")):
-        _load_plain_pt(pt)
+        obj = _load_plain_pt(pt)
+        if "_extra_state" in pt.name:  # Megatron's older layout: a sharded object per file
+            screen_extra_state(obj, str(pt))
     meta = path / ".metadata"
     if meta.exists():
         screen_bytes_items(path, read_dcp_metadata(meta))

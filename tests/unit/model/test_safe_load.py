@@ -3,6 +3,7 @@ line naming the file, and the RNG state round-trips through safetensors (real to
 
 from __future__ import annotations
 
+import io
 import pickle
 from pathlib import Path
 
@@ -139,3 +140,42 @@ def test_reader_and_writer_classes_of_torch_checkpoint_modules_are_refused(tmp_p
     bad.write_bytes(pickle.dumps(FileSystemWriter, protocol=4))  # a reference to the class
     with pytest.raises(InputError, match="names torch.distributed.checkpoint.filesystem.FileSystemWriter"):
         screen_metadata(bad)
+
+
+def _te_extra_state(state: object) -> torch.Tensor:
+    """What Transformer Engine's ``get_extra_state`` returns: a plain pickle in a uint8 tensor."""
+    return torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)
+
+
+def _as_megatron_object(data: object) -> bytes:
+    """A bytes item as Megatron's torch_dist strategy writes a ShardedObject: the torch.save of [data]."""
+    out = io.BytesIO()
+    torch.save([data], out)
+    return out.getvalue()
+
+
+def test_a_te_extra_state_pickle_is_screened_inside_its_bytes_item(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from tests.hostile import replace_bytes_item, system_object
+
+    marker = tmp_path / "ran"
+    good = {"scale_fwd": torch.ones(3), "amax_history_fwd": torch.zeros(2, 3), "extra_fp8_variables": {"n": 1}}
+    key = "linear_qkv._extra_state/shard_0_1"
+    for name, state in (("ok", good), ("bad", {"scale_fwd": system_object(marker)})):
+        with pytest.warns(UserWarning, match="single process"):
+            dcp.save({key: b"placeholder", "empty._extra_state": b"placeholder"},
+                     checkpoint_id=str(tmp_path / name))
+        replace_bytes_item(tmp_path / name, "empty._extra_state",
+                           _as_megatron_object(torch.empty(0, dtype=torch.uint8)))
+        shard = replace_bytes_item(tmp_path / name, key, _as_megatron_object(_te_extra_state(state)))
+    screen_checkpoint(tmp_path / "ok")  # tensors, a dict, an empty tensor (TE without FP8): accepted
+    with pytest.raises(InputError) as e:
+        screen_checkpoint(tmp_path / "bad")
+    assert not marker.exists()
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{shard}: bytes item {key!r}: refused, its extra-state "
+                                              "pickle names posix.system"), msg
+    # the plant is real: TE's set_extra_state does pickle.loads on these bytes
+    pickle.loads(_te_extra_state({"scale_fwd": system_object(marker)}).numpy().tobytes())
+    assert marker.exists()
