@@ -83,8 +83,9 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
         _cmd(sets=[*MICRO, "train.steps=4", "checkpoint.save_every=2", f"checkpoint.run_dir={full}"]),
         _cmd(sets=[*MICRO, "train.steps=2", "checkpoint.save_every=2", f"checkpoint.run_dir={part}"]))
     assert a.returncode == 0, a.stderr[-3000:]
-    assert not [ln for ln in a.stderr.splitlines() if "transformers" in ln and
-                ("deprecat" in ln.lower() or "will be removed" in ln)], "transformers deprecation warning"
+    # no deprecation notice from any library (transformers 5.24 logs one for past_key_values: hf_cache.py)
+    assert not [ln for ln in a.stderr.splitlines() if "deprecat" in ln.lower() or "will be removed" in ln], \
+        "a deprecation notice on stderr"
     # A quiet console when not a terminal: one plain line per step (numbered like metrics and
     # checkpoints), no bars, and none of Megatron's start-up warnings, bucket listings or the
     # dist-checkpoint "overwriting" warning on each save.
