@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from megatron_maspo.errors import ConfigError
+from megatron_maspo.errors import ConfigError, StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -124,11 +124,14 @@ def acquire(run_dir: str | Path) -> Path:
         RunDirLockedError: a live run holds it (one line: its host, pid, start time and what to do).
     """
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     lock, rec = run_dir / LOCK_NAME, _holder_record()
     for _ in range(3):  # a stale lock taken over by another starter at the same moment: look again
-        if _create(lock, rec):
-            return lock
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            if _create(lock, rec):
+                return lock
+        except OSError as e:  # read-only, no permission, not a folder: the storage check's wording
+            raise StorageError(f"run directory {run_dir} is not writable ({e.strerror or e})") from None
         held = _read(lock)
         if held is None:
             continue
@@ -146,7 +149,10 @@ def acquire(run_dir: str | Path) -> Path:
         except FileNotFoundError:
             continue
         if _read(aside) != held:
-            os.replace(aside, lock)  # not the stale one: put it back and look again
+            # Not the stale one: put it back and look again. (Should a third starter create a lock in
+            # this instant, this replace overwrites it; that starter then runs unlocked: three starters
+            # within microseconds of a killed run's takeover, accepted.)
+            os.replace(aside, lock)
             continue
         aside.unlink(missing_ok=True)
         logger.warning("run directory %s: taking over the lock of pid %s on %s, which is no longer running "

@@ -116,3 +116,11 @@ def test_racing_starters_on_a_stale_lock_get_one_winner(tmp_path):
                            text=True) for _ in range(4)]
     outs = sorted(p.communicate(timeout=60)[0].strip() for p in ps)
     assert outs == ["refused", "refused", "refused", "won"], outs
+
+
+def test_a_run_directory_that_cannot_be_written_is_one_storage_line(tmp_path):
+    from megatron_maspo.errors import StorageError
+
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(StorageError, match=rf"^run directory {tmp_path / 'file' / 'run'} is not writable"):
+        acquire(tmp_path / "file" / "run")
