@@ -70,6 +70,61 @@ def _grader(name: str, cfg):
     return MathReward(cfg.reward)
 
 
+def _pinned(explicit: str | None, root: Path, rank: int, world: int) -> tuple[Path, Path]:
+    """Rank 0 picks the checkpoint (the given one, or the newest complete one now), screens it and pins it
+    (``model/ckpt_pin.py``); every rank gets the same (checkpoint, snapshot) pair.
+
+    Raises:
+        InputError: the screen refused a file (named by its path in the checkpoint).
+        MissingPathError: the checkpoint disappeared, or every newest one was pruned before it was pinned.
+    """
+    from megatron_maspo.errors import InputError
+    from megatron_maspo.model.ckpt_manifest import list_checkpoints, usable
+    from megatron_maspo.model.ckpt_pin import CheckpointVanished, pin, remove_stale_pins, unpin
+    from megatron_maspo.model.safe_load import screen_checkpoint
+    from megatron_maspo.parallel import comm
+
+    box: object = None
+    if rank == 0:
+        remove_stale_pins(root)
+        for _ in range(5):  # a trainer pruning between the listing and the links: look again
+            found = [Path(explicit)] if explicit else usable(list_checkpoints(root), root)
+            if not found:
+                box = MissingPathError(f"no checkpoint under {root}")
+                break
+            try:
+                snap = pin(found[-1])
+            except CheckpointVanished as e:
+                box = MissingPathError(str(e))
+                if explicit:
+                    break
+                continue
+            try:
+                screen_checkpoint(snap)
+            except InputError as e:  # name the file as the user knows it
+                unpin(snap)
+                box = InputError(str(e).replace(str(snap), str(found[-1])))
+                break
+            box = (str(found[-1]), str(snap))
+            break
+    if world > 1:
+        box = comm.broadcast_object(box, src=0)
+    if isinstance(box, Exception):
+        raise box
+    ckpt, snap = box  # type: ignore[misc]
+    return Path(ckpt), Path(snap)
+
+
+def _unpin(snap: Path, rank: int, world: int) -> None:
+    from megatron_maspo.model.ckpt_pin import unpin
+    from megatron_maspo.parallel import comm
+
+    if world > 1:
+        comm.barrier()  # every rank has read it
+    if rank == 0:
+        unpin(snap)
+
+
 def run(args: argparse.Namespace) -> int:
     from megatron_maspo.model.ckpt_manifest import list_checkpoints
     from megatron_maspo.plugins import announce_plugins
@@ -119,10 +174,18 @@ def run(args: argparse.Namespace) -> int:
     p = cfg.parallel
     groups = init_parallel(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, cp=p.cp, seed=cfg.train.seed)
     try:
-        tok, spec, init = build_policy_source(cfg, groups)
-        # weights only: no DDP gradient buffer, no optimizer, no fp32 master copy
-        actor = build_inference_policy(cfg, spec, groups, init_weights=init)
-        load_checkpoint(actor, ckpt, load_optimizer=False)
+        # Pinned before the model build: a running run's trainer may prune this checkpoint meanwhile.
+        ckpt, snap = _pinned(args.checkpoint, root, rank, world)
+        try:
+            tok, spec, init = build_policy_source(cfg, groups)
+            # weights only: no DDP gradient buffer, no optimizer, no fp32 master copy
+            actor = build_inference_policy(cfg, spec, groups, init_weights=init)
+            load_checkpoint(actor, snap, load_optimizer=False)
+        except BaseException:
+            if world == 1:  # several ranks: no collective after an error; the next eval removes it
+                _unpin(snap, rank, world)
+            raise
+        _unpin(snap, rank, world)
         engine = build_engine(cfg, spec, tok) if rank == 0 else None
         sync_weights(actor.named_modules_unwrapped(), spec, groups, engine,
                      bucket_bytes=bucket_bytes_from_mb(cfg.rollout.bucket_mb),

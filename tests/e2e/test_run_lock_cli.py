@@ -1,12 +1,14 @@
 """Two ``maspo train`` runs into one run directory (real runs): the second is refused in one line naming
 the first's host and pid before it writes anything there; the first finishes with its own config and
-each step logged once; after a SIGKILL of a run, ``--resume`` of it is not refused."""
+each step logged once; after a SIGKILL of a run, ``--resume`` of it is not refused; ``maspo eval`` of a
+run still training reads a checkpoint even when the trainer prunes it during the eval's model build."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -15,7 +17,7 @@ import yaml
 from megatron_maspo.train.run_lock import LOCK_NAME
 from tests.e2e.test_train_cli import MICRO, _cmd, _metrics, _run
 
-pytestmark = pytest.mark.slow  # three micro runs: ~30 s on 2 shared cores
+pytestmark = pytest.mark.slow  # four micro runs and an eval: ~70 s on 2 shared cores
 
 
 def _wait(cond, proc: subprocess.Popen, timeout: float) -> None:
@@ -64,3 +66,24 @@ def test_resume_after_sigkill_is_not_refused(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"taking over the lock of pid {p.pid}" in r.stderr
     assert not list((run / "checkpoints").glob(".tmp_step_*"))  # the killed run's partial save is gone
+
+
+def test_eval_of_a_running_run_reads_a_checkpoint_the_trainer_prunes(tmp_path):
+    # save_every=1 and keep_last=2: a checkpoint lives about one step, less than eval's model build
+    run = tmp_path / "live"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen(_cmd(sets=[*MICRO, "train.steps=40", "checkpoint.save_every=1",
+                                    f"checkpoint.run_dir={run}"]),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _wait(lambda: (run / "checkpoints" / "step_2").is_dir(), p, 240)
+        r = subprocess.run([sys.executable, "-m", "megatron_maspo.cli.main", "eval", str(run), "--k", "1",
+                            "--num-problems", "2"], capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "checkpoint: " in r.stdout
+        _, err = p.communicate(timeout=300)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err[-3000:]
+    assert [r["step"] for r in _metrics(run)] == list(range(1, 41))
+    assert not list((run / "checkpoints").glob(".pinned-*"))  # the snapshot went with the eval
