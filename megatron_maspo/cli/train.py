@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from megatron_maspo.cli.common import add_config_args, config_from_args
 
@@ -57,6 +58,20 @@ def _screen_inputs(cfg, resume_from) -> None:
             screen_checkpoint(Path(ckpt))
 
 
+def job_rank() -> int:
+    """This process's global rank before any process group exists: torchrun's ``RANK``, an srun-native
+    task's ``SLURM_PROCID`` (``MASPO_RANKS_FROM_SLURM=1``), else 0 (one process). One lock per job
+    depends on it: with every task taking itself for rank 0, all but one would be refused."""
+    from megatron_maspo.errors import ConfigError
+    from megatron_maspo.train.process.distributed import rank_env_from_slurm
+
+    try:
+        env = {**os.environ, **rank_env_from_slurm(dict(os.environ))}
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return int(env.get("RANK", "0"))
+
+
 def _tokenizer(source: str):
     """The run's tokenizer without its model: the byte tokenizer, or an HF folder's; None otherwise (the
     model build reports a bad source)."""
@@ -86,8 +101,6 @@ def run(args: argparse.Namespace) -> int:
                 raise MissingPathError(f"--resume {args.resume}: no config.yaml in it (not a run directory "
                                        "written by maspo train?); pass --recipe or --config as well")
             args.config = args.resume
-    import os
-
     from megatron_maspo.cli.common import launcher_overrides
 
     args.overrides = launcher_overrides(args.overrides, dict(os.environ))
@@ -122,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     from megatron_maspo.train.run_lock import run_dir_lock
 
     # The run directory is this run's before anything is written there (train/run_lock.py).
-    with run_dir_lock(cfg.checkpoint.run_dir, rank=int(os.environ.get("RANK", "0"))):
+    with run_dir_lock(cfg.checkpoint.run_dir, rank=job_rank()):
         ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)
         if resume:  # a model or layout the checkpoint cannot follow: one line, before Megatron sees it
             from megatron_maspo.train.resume_check import check_resume_config
@@ -146,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         run_dir = train(cfg, resume=resume)
     requeue_if_unfinished(cfg)  # a Slurm job stopped by its time-limit signal goes back in the queue
     print(f"run directory: {run_dir}")
-    if int(os.environ.get("RANK", "0")) == 0:
+    if job_rank() == 0:
         from megatron_maspo.cli.summary import run_summary
 
         print("\n".join(run_summary(run_dir, time.monotonic() - t0)))

@@ -124,3 +124,21 @@ def test_a_run_directory_that_cannot_be_written_is_one_storage_line(tmp_path):
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(StorageError, match=rf"^run directory {tmp_path / 'file' / 'run'} is not writable"):
         acquire(tmp_path / "file" / "run")
+
+
+def test_the_lock_rank_comes_from_torchrun_or_an_srun_native_task(monkeypatch):
+    from megatron_maspo.cli.train import job_rank
+
+    for k in ("RANK", "WORLD_SIZE", "MASPO_RANKS_FROM_SLURM"):
+        monkeypatch.delenv(k, raising=False)
+    assert job_rank() == 0  # one process
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert job_rank() == 2  # torchrun
+    for k in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("MASPO_RANKS_FROM_SLURM", "1")
+    for k, v in (("SLURM_PROCID", "3"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "1"),
+                 ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(k, v)
+    assert job_rank() == 3  # srun-native: every task would otherwise take itself for rank 0
