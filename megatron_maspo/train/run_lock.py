@@ -12,7 +12,9 @@ thing ``maspo train`` does with a run directory is create ``<run_dir>/.maspo_run
   get one winner. NFS v2 has no exclusive create; it is not supported.
 * **Stale locks**: a holder on this host whose pid is gone (or reused by another process: its start
   time differs) left the lock behind when it was killed (SIGKILL, OOM, a node reboot); the lock is then
-  taken over with a warning, so ``--resume`` after a kill just works. A holder on another host cannot be
+  taken over with a warning, so ``--resume`` after a kill just works. Only the holder of a second
+  exclusive file, ``<lock>.takeover``, may delete a stale lock, so starters racing for one stale lock get
+  one winner. A holder on another host cannot be
   checked from here: the refusal names it and the file to delete once that run is known to be gone.
   The exception is a Slurm job requeued onto another node (same ``SLURM_JOB_ID``, a higher
   ``SLURM_RESTART_COUNT``): the holder is this job's own earlier incarnation, which Slurm has ended.
@@ -117,15 +119,46 @@ def _create(lock: Path, rec: dict) -> bool:
     return True
 
 
+def _refusal(run_dir: Path, lock: Path, held: dict) -> RunDirLockedError:
+    where = "this host" if held.get("host") == socket.gethostname() else f"host {held.get('host')}"
+    hint = ("wait for it to end, or choose another checkpoint.run_dir" if where == "this host" else
+            f"if that run is gone, delete {lock}; or choose another checkpoint.run_dir")
+    return RunDirLockedError(f"run directory {run_dir} is in use by pid {held['pid']} on {where} "
+                             f"(started {held.get('started', '?')}); {hint}")
+
+
+def _take_over(lock: Path, held: dict, rec: dict) -> bool:
+    """Replace the stale lock ``held`` by ``rec``; False when another starter is doing it or did it.
+
+    Only the holder of ``<lock>.takeover`` (an exclusive create too) may delete the lock, and only after
+    reading it again: several starters finding one stale lock cannot delete each other's new lock.
+    """
+    mutex = lock.with_name(lock.name + ".takeover")
+    if not _create(mutex, rec):
+        other = _read(mutex)
+        if other is not None and _stale(other) and _read(mutex) == other:
+            mutex.unlink(missing_ok=True)  # a starter killed mid-takeover (microseconds): free it
+        time.sleep(0.05)
+        return False
+    try:
+        if _read(lock) not in (held, None):
+            return False  # replaced meanwhile: look again
+        lock.unlink(missing_ok=True)
+        return _create(lock, rec)
+    finally:
+        mutex.unlink(missing_ok=True)
+
+
 def acquire(run_dir: str | Path) -> Path:
     """Take the run directory's lock (creating the directory); returns the lock file.
 
     Raises:
         RunDirLockedError: a live run holds it (one line: its host, pid, start time and what to do).
+        StorageError: the run directory cannot be created or written.
     """
     run_dir = Path(run_dir)
     lock, rec = run_dir / LOCK_NAME, _holder_record()
-    for _ in range(3):  # a stale lock taken over by another starter at the same moment: look again
+    for _ in range(100):  # a takeover by another starter takes microseconds: look again
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             if _create(lock, rec):
@@ -136,27 +169,11 @@ def acquire(run_dir: str | Path) -> Path:
         if held is None:
             continue
         if not _stale(held):
-            where = "this host" if held.get("host") == rec["host"] else f"host {held.get('host')}"
-            hint = ("wait for it to end, or choose another checkpoint.run_dir" if where == "this host" else
-                    f"if that run is gone, delete {lock}; or choose another checkpoint.run_dir")
-            raise RunDirLockedError(f"run directory {run_dir} is in use by pid {held['pid']} on {where} "
-                                    f"(started {held.get('started', '?')}); {hint}")
-        # Move the stale lock aside under a name only this process uses, then check it is the one
-        # judged stale: another starter may have replaced it with its own live lock meanwhile.
-        aside = lock.with_name(f"{LOCK_NAME}.stale-{os.getpid()}")
-        try:
-            os.replace(lock, aside)
-        except FileNotFoundError:
-            continue
-        if _read(aside) != held:
-            # Not the stale one: put it back and look again. (Should a third starter create a lock in
-            # this instant, this replace overwrites it; that starter then runs unlocked: three starters
-            # within microseconds of a killed run's takeover, accepted.)
-            os.replace(aside, lock)
-            continue
-        aside.unlink(missing_ok=True)
-        logger.warning("run directory %s: taking over the lock of pid %s on %s, which is no longer running "
-                       "(killed?)", run_dir, held.get("pid", "?"), held.get("host", "this host"))
+            raise _refusal(run_dir, lock, held)
+        if _take_over(lock, held, rec):
+            logger.warning("run directory %s: taking over the lock of pid %s on %s, which is no longer "
+                           "running (killed?)", run_dir, held.get("pid", "?"), held.get("host", "this host"))
+            return lock
     raise RunDirLockedError(f"run directory {run_dir}: could not take {lock} (other runs are starting "
                             "there at the same moment)")
 

@@ -107,16 +107,24 @@ def test_only_rank_0_holds_the_lock_and_releases_it_on_error(tmp_path):
 
 def test_racing_starters_on_a_stale_lock_get_one_winner(tmp_path):
     _plant(tmp_path, pid=_dead_pid())
-    code = ("import sys, time; from megatron_maspo.train.run_lock import acquire, RunDirLockedError\n"
-            "time.sleep(float(sys.argv[2]) - time.time())\n"
-            "try:\n    acquire(sys.argv[1]); print('won', flush=True); time.sleep(3)\n"
+    release = tmp_path / "release"
+    # all start at one instant; the winner holds the lock until the test has every answer
+    code = ("import os, sys, time; from megatron_maspo.train.run_lock import acquire, RunDirLockedError\n"
+            "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
+            "try:\n    acquire(sys.argv[1]); print('won', flush=True)\n"
+            "    end = time.time() + 60\n"
+            "    while not os.path.exists(sys.argv[3]) and time.time() < end: time.sleep(0.05)\n"
             "except RunDirLockedError:\n    print('refused', flush=True)")
-    start = time.time() + 1.5
-    ps = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(start)], stdout=subprocess.PIPE,
-                           text=True) for _ in range(4)]
-    outs = sorted(p.communicate(timeout=60)[0].strip() for p in ps)
+    start = time.time() + 3.0
+    ps = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(start), str(release)],
+                           stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    try:
+        outs = sorted(p.stdout.readline().strip() for p in ps)
+    finally:
+        release.write_text("x")
+        for p in ps:
+            p.wait(timeout=60)
     assert outs == ["refused", "refused", "refused", "won"], outs
-
 
 def test_a_run_directory_that_cannot_be_written_is_one_storage_line(tmp_path):
     from megatron_maspo.errors import StorageError
