@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
             from megatron_maspo.train.resume_check import check_resume_config
 
             check_resume_config(cfg.checkpoint.run_dir, cfg, ckpts[-1])
-        _screen_inputs(cfg, ckpts[-1] if resume else None)
+        if job_rank() == 0:  # the other ranks' loads get rank 0's verdict (screen_checkpoint_once)
+            _screen_inputs(cfg, ckpts[-1] if resume else None)
         from megatron_maspo.model.ckpt_manifest import check_storage
         from megatron_maspo.train.preflight import free_bytes_needed
 

@@ -253,3 +253,32 @@ def screen_checkpoint(path: Path) -> None:
         screen_bytes_items(path, read_dcp_metadata(meta))
     elif any(path.glob("*.distcp")):  # torch would fail later with a traceback; say it now
         raise InputError(f"{path}: its *.distcp shards have no .metadata next to them")
+
+
+def screen_checkpoint_once(path: Path) -> None:
+    """:func:`screen_checkpoint` on rank 0 of the default group, its verdict broadcast: every rank raises
+    the same one-line ``InputError`` or none does.
+
+    A collective (call it where every rank of the default group loads ``path``). Each rank screening
+    itself would read every bytes item of every shard on every rank: thousands of small reads times
+    thousands of ranks on a shared filesystem, for one verdict. Without a process group (or with one
+    rank) it is the plain screen.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        screen_checkpoint(path)
+        return
+    from megatron_maspo.parallel import comm
+
+    verdict: str | None = None
+    if dist.get_rank() == 0:
+        try:
+            screen_checkpoint(path)
+        except InputError as e:
+            verdict = str(e)
+        except Exception as e:  # tell the other ranks before failing, or they wait in the broadcast
+            verdict = f"{path}: the screen failed ({type(e).__name__}: {str(e)[:160]})"
+    verdict = comm.broadcast_object(verdict, src=0)
+    if verdict is not None:
+        raise InputError(verdict)

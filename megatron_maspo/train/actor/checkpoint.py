@@ -47,7 +47,7 @@ from megatron_maspo.model.ckpt_manifest import (
     list_checkpoints,
     write_manifest,
 )
-from megatron_maspo.model.safe_load import load_rng, save_rng, screen_checkpoint
+from megatron_maspo.model.safe_load import load_rng, save_rng, screen_checkpoint_once
 from megatron_maspo.model.spec_record import spec_mismatch, write_spec_record
 from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.device import on_cuda
@@ -173,7 +173,7 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
-    screen_checkpoint(path)  # no pickle from a checkpoint runs code (a one-line refusal naming the file)
+    screen_checkpoint_once(path)  # no pickle from a checkpoint runs code (a one-line refusal naming the file)
     mismatch = spec_mismatch(path, actor.opts) if hasattr(actor, "opts") else None
     if mismatch:  # Megatron maps most keys across specs; say so now, and name both if the load fails
         logger.warning("%s", mismatch)
