@@ -47,7 +47,7 @@ def resolve(text: str, field: str) -> Callable[..., Any]:
     check_target(text, field)
     module_name, attr = text.split(":")
     try:
-        with _without_cwd():
+        with without_cwd():
             module = importlib.import_module(module_name)
     except ImportError as e:
         raise ConfigError(f"{field}={text!r}: cannot import module {module_name!r} ({e}){_hint(module_name)}"
@@ -64,7 +64,7 @@ def _explicit_path() -> set[str]:
 
 
 @contextlib.contextmanager
-def _without_cwd() -> Iterator[None]:
+def without_cwd() -> Iterator[None]:
     """Import with the working directory off ``sys.path`` unless ``PYTHONPATH`` names it."""
     cwd = os.getcwd()
     if cwd in _explicit_path():
@@ -104,7 +104,7 @@ def announce_plugins(cfg: Any, origin: str) -> None:
     """Say, before anything imports them, which user modules a config loaded from ``origin`` names."""
     for field, target in plugin_fields(cfg):
         module = target.split(":")[0]
-        with _without_cwd():
+        with without_cwd():
             spec = importlib.util.find_spec(module) if "." not in module else None
         where = f" from {spec.origin}" if spec is not None and spec.origin else ""
         logger.warning("%s names a plugin, %s=%s: importing module %r%s", origin, field, target, module,

@@ -139,9 +139,17 @@ class CheckpointConfig:
     ``model.megatron_checkpoint=<run_dir>/checkpoints/step_0 train.sft_steps=0`` (a layout comparison
     from identical weights, docs/attention.md). Kept like any checkpoint (``keep_last``)."""
 
+    min_free_mb: int | None = None
+    """Free space (MiB) the run directory's disk must have before training starts. None = room for one
+    more checkpoint: on a resume the last one's size, on a fresh run an estimate from the model (16 bytes
+    per parameter: weights, fp32 master copy, both Adam moments; plus 16 MiB). 0 skips the free-space
+    check (the run directory must still be writable)."""
+
     def __post_init__(self) -> None:
         if not self.run_dir:
             raise ValueError("checkpoint.run_dir must not be empty")
+        if self.min_free_mb is not None and self.min_free_mb < 0:
+            raise ValueError(f"checkpoint.min_free_mb must be >= 0 or None, got {self.min_free_mb}")
         if self.save_every < 0 or self.keep_last < 1:
             raise ValueError("checkpoint.save_every must be >= 0 and checkpoint.keep_last >= 1")
 

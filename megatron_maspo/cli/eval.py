@@ -38,8 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, default=None, help="samples per problem (default 32; 1 with --temperature 0)")
     p.add_argument("--temperature", type=float, default=None,
                    help="default: the run's rollout temperature; 0 = greedy")
-    p.add_argument("--grader", choices=("math_verify", "prime_math"), default="math_verify",
-                   help="math_verify: the training reward; prime_math: the paper's evaluation grader rules")
+    p.add_argument("--grader", choices=("math_verify", "prime_math"), default=None,
+                   help="math_verify: the training reward; prime_math: the paper's evaluation grader rules "
+                        "(default: the run's eval.grader; the paper recipes set prime_math)")
     p.add_argument("--dropped", choices=("wrong", "exclude"), default="wrong",
                    help="prompts over the length budget: score them wrong (default) or leave them out")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's max_new_tokens")
@@ -69,6 +70,61 @@ def _grader(name: str, cfg):
     return MathReward(cfg.reward)
 
 
+def _pinned(explicit: str | None, root: Path, rank: int, world: int) -> tuple[Path, Path]:
+    """Rank 0 picks the checkpoint (the given one, or the newest complete one now), screens it and pins it
+    (``model/ckpt_pin.py``); every rank gets the same (checkpoint, snapshot) pair.
+
+    Raises:
+        InputError: the screen refused a file (named by its path in the checkpoint).
+        MissingPathError: the checkpoint disappeared, or every newest one was pruned before it was pinned.
+    """
+    from megatron_maspo.errors import InputError
+    from megatron_maspo.model.ckpt_manifest import list_checkpoints, usable
+    from megatron_maspo.model.ckpt_pin import CheckpointVanished, pin, remove_stale_pins, unpin
+    from megatron_maspo.model.safe_load import screen_checkpoint
+    from megatron_maspo.parallel import comm
+
+    box: object = None
+    if rank == 0:
+        remove_stale_pins(root)
+        for _ in range(5):  # a trainer pruning between the listing and the links: look again
+            found = [Path(explicit)] if explicit else usable(list_checkpoints(root), root)
+            if not found:
+                box = MissingPathError(f"no checkpoint under {root}")
+                break
+            try:
+                snap = pin(found[-1])
+            except CheckpointVanished as e:
+                box = MissingPathError(str(e))
+                if explicit:
+                    break
+                continue
+            try:
+                screen_checkpoint(snap)
+            except InputError as e:  # name the file as the user knows it
+                unpin(snap)
+                box = InputError(str(e).replace(str(snap), str(found[-1])))
+                break
+            box = (str(found[-1]), str(snap))
+            break
+    if world > 1:
+        box = comm.broadcast_object(box, src=0)
+    if isinstance(box, Exception):
+        raise box
+    ckpt, snap = box  # type: ignore[misc]
+    return Path(ckpt), Path(snap)
+
+
+def _unpin(snap: Path, rank: int, world: int) -> None:
+    from megatron_maspo.model.ckpt_pin import unpin
+    from megatron_maspo.parallel import comm
+
+    if world > 1:
+        comm.barrier()  # every rank has read it
+    if rank == 0:
+        unpin(snap)
+
+
 def run(args: argparse.Namespace) -> int:
     from megatron_maspo.model.ckpt_manifest import list_checkpoints
     from megatron_maspo.plugins import announce_plugins
@@ -76,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
     from megatron_maspo.train.config import CHECKPOINT_SUBDIR
 
     cfg = resolve_config(None, args.run_dir, args.overrides)
+    args.grader = args.grader or cfg.eval.grader  # a paper recipe's run grades as the paper did
     announce_plugins(cfg, f"config {args.run_dir}")  # the run's config.yaml: say what it will import
     greedy = args.temperature == 0
     args.k = args.k if args.k is not None else (1 if greedy else 32)
@@ -117,10 +174,18 @@ def run(args: argparse.Namespace) -> int:
     p = cfg.parallel
     groups = init_parallel(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, cp=p.cp, seed=cfg.train.seed)
     try:
-        tok, spec, init = build_policy_source(cfg, groups)
-        # weights only: no DDP gradient buffer, no optimizer, no fp32 master copy
-        actor = build_inference_policy(cfg, spec, groups, init_weights=init)
-        load_checkpoint(actor, ckpt, load_optimizer=False)
+        # Pinned before the model build: a running run's trainer may prune this checkpoint meanwhile.
+        ckpt, snap = _pinned(args.checkpoint, root, rank, world)
+        try:
+            tok, spec, init = build_policy_source(cfg, groups)
+            # weights only: no DDP gradient buffer, no optimizer, no fp32 master copy
+            actor = build_inference_policy(cfg, spec, groups, init_weights=init)
+            load_checkpoint(actor, snap, load_optimizer=False)
+        except BaseException:
+            if world == 1:  # several ranks: no collective after an error; the next eval removes it
+                _unpin(snap, rank, world)
+            raise
+        _unpin(snap, rank, world)
         engine = build_engine(cfg, spec, tok) if rank == 0 else None
         sync_weights(actor.named_modules_unwrapped(), spec, groups, engine,
                      bucket_bytes=bucket_bytes_from_mb(cfg.rollout.bucket_mb),

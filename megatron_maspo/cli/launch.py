@@ -108,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     _warn_if_not_fitting(cfg, opts)
+    if opts.executor == "local" and opts.nodes == 1 and not args.dry_run:
+        _check_port_free(opts.master_port)
     config_path = write_config(cfg, opts)
     if args.module:
         module, task_args = args.module, ["--config", str(config_path)]
@@ -137,6 +139,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"submitted Slurm job {record.job_id}: log {record.log}; run directory {cfg.checkpoint.run_dir}\n"
               f"  maspo launch --status --name {opts.name} --job-dir {args.job_dir}   (--logs for the log)")
     return 0
+
+
+def _check_port_free(port: int) -> None:
+    """torchrun's rendezvous binds ``port`` on this host; one in use ends in torchrun's 40-line
+    ``DistNetworkError: ... EADDRINUSE`` traceback. Say it in one line before anything starts."""
+    import errno
+    import socket
+
+    from megatron_maspo.errors import ConfigError
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))  # torchrun's c10d store listens on every interface
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise ConfigError(f"--master-port {port} is in use on this host (another job's rendezvous?); "
+                                  "pass a free one, e.g. --master-port 29501") from None
+            raise
 
 
 def _show(args: argparse.Namespace) -> int:

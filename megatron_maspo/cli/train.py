@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from megatron_maspo.cli.common import add_config_args, config_from_args
 
@@ -23,15 +24,68 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _check_rows(cfg) -> None:
-    """A file or function dataset with no usable row fails here, in one line, before any model is built."""
-    from megatron_maspo.data.dataset import load_examples
+def _check_prompts(cfg) -> None:
+    """No usable prompt (none loads, or none fits ``data.max_prompt_tokens``) fails here, in one line,
+    with the tokenizer only: before any model is built and before the run directory is created."""
+    from megatron_maspo.data.dataset import load_examples, tokenize_examples
     from megatron_maspo.data.example import SkipLog
     from megatron_maspo.errors import InputError
 
-    skips = SkipLog()
-    if not load_examples(cfg.data, skips):
-        raise InputError(f"data.source={cfg.data.source!r}: no usable row (skipped: {dict(skips.counts)})")
+    class _Counted(SkipLog):  # the trainer logs each skip reason once when it loads the data itself
+        def skip(self, reason: str, where: str) -> None:
+            self.counts[reason] += 1
+
+    skips = _Counted()
+    examples = load_examples(cfg.data, skips)
+    tok = _tokenizer(cfg.model.source)
+    if examples and tok is not None:
+        examples = tokenize_examples(examples, tok, cfg.data, skips)
+    if not examples:
+        budget = (f"; every prompt is over data.max_prompt_tokens={cfg.data.max_prompt_tokens}"
+                  if set(skips.counts) == {"too_long"} else "")
+        raise InputError(f"data.source={cfg.data.source!r}: no usable row (skipped: {dict(skips.counts)}){budget}")
+
+
+def _screen_inputs(cfg, resume_from) -> None:
+    """Every checkpoint this run will load, screened before any model is built (``docs/security.md``):
+    the one ``--resume`` continues from and ``model.megatron_checkpoint``. The loads screen again."""
+    from pathlib import Path
+
+    from megatron_maspo.model.safe_load import screen_checkpoint
+
+    for ckpt in (resume_from, cfg.model.megatron_checkpoint):
+        if ckpt is not None and Path(ckpt).is_dir():
+            screen_checkpoint(Path(ckpt))
+
+
+def job_rank() -> int:
+    """This process's global rank before any process group exists: torchrun's ``RANK``, an srun-native
+    task's ``SLURM_PROCID`` (``MASPO_RANKS_FROM_SLURM=1``), else 0 (one process). One lock per job
+    depends on it: with every task taking itself for rank 0, all but one would be refused."""
+    from megatron_maspo.errors import ConfigError
+    from megatron_maspo.train.process.distributed import rank_env_from_slurm
+
+    try:
+        env = {**os.environ, **rank_env_from_slurm(dict(os.environ))}
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return int(env.get("RANK", "0"))
+
+
+def _tokenizer(source: str):
+    """The run's tokenizer without its model: the byte tokenizer, or an HF folder's; None otherwise (the
+    model build reports a bad source)."""
+    from pathlib import Path
+
+    if source == "tiny":
+        from megatron_maspo.data.tokenizer import build_byte_tokenizer
+
+        return build_byte_tokenizer()
+    if (Path(source) / "config.json").is_file():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(source)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,8 +101,6 @@ def run(args: argparse.Namespace) -> int:
                 raise MissingPathError(f"--resume {args.resume}: no config.yaml in it (not a run directory "
                                        "written by maspo train?); pass --recipe or --config as well")
             args.config = args.resume
-    import os
-
     from megatron_maspo.cli.common import launcher_overrides
 
     args.overrides = launcher_overrides(args.overrides, dict(os.environ))
@@ -70,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
         raise MissingPathError(f"data.source={src!r}: no such file")
     if cfg.reward.grader:
         resolve(cfg.reward.grader, "reward.grader")
-    if src != "synthetic" and not src.startswith("reasoning_gym:"):
-        _check_rows(cfg)
+    if not src.startswith("reasoning_gym:"):  # reasoning-gym generates its rows in the trainer
+        _check_prompts(cfg)
     from megatron_maspo.launch.requeue import auto_resume, requeue_if_unfinished
     from megatron_maspo.train.preflight import check_layout_supported, check_run_dir
 
@@ -80,24 +132,35 @@ def run(args: argparse.Namespace) -> int:
 
     refuse_broken_stack()  # on a GPU: a known-broken torch/vLLM/TE set stops here, in one line
     resume = bool(args.resume) or auto_resume(cfg)
-    ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)
-    from megatron_maspo.model.ckpt_manifest import check_storage, folder_bytes
+    from megatron_maspo.train.run_lock import run_dir_lock
 
-    # Writable, with room for the next checkpoint (the last one's size; a fresh run: 64 MiB of headroom).
-    check_storage(cfg.checkpoint.run_dir, folder_bytes(ckpts[-1]) if ckpts else 64 * 2**20)
+    # The run directory is this run's before anything is written there (train/run_lock.py).
+    with run_dir_lock(cfg.checkpoint.run_dir, rank=job_rank()):
+        ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)
+        if resume:  # a model or layout the checkpoint cannot follow: one line, before Megatron sees it
+            from megatron_maspo.train.resume_check import check_resume_config
 
-    import time
+            check_resume_config(cfg.checkpoint.run_dir, cfg, ckpts[-1])
+        if job_rank() == 0:  # the other ranks' loads get rank 0's verdict (screen_checkpoint_once)
+            _screen_inputs(cfg, ckpts[-1] if resume else None)
+        from megatron_maspo.model.ckpt_manifest import check_storage
+        from megatron_maspo.train.preflight import free_bytes_needed
 
-    t0 = time.monotonic()
-    from megatron_maspo.parallel.device import import_megatron_core
+        # Writable, with room for the next checkpoint (checkpoint.min_free_mb; by default one checkpoint).
+        check_storage(cfg.checkpoint.run_dir, free_bytes_needed(cfg, ckpts))
 
-    import_megatron_core()  # megatron-core from here on
-    from megatron_maspo.train.loop import train
+        import time
 
-    run_dir = train(cfg, resume=resume)
+        t0 = time.monotonic()
+        from megatron_maspo.parallel.device import import_megatron_core
+
+        import_megatron_core()  # megatron-core from here on
+        from megatron_maspo.train.loop import train
+
+        run_dir = train(cfg, resume=resume)
     requeue_if_unfinished(cfg)  # a Slurm job stopped by its time-limit signal goes back in the queue
     print(f"run directory: {run_dir}")
-    if int(os.environ.get("RANK", "0")) == 0:
+    if job_rank() == 0:
         from megatron_maspo.cli.summary import run_summary
 
         print("\n".join(run_summary(run_dir, time.monotonic() - t0)))

@@ -75,9 +75,9 @@ def load_model_checkpoint(chunks: list[torch.nn.Module], path: str | Path) -> No
 
     if not (Path(path) / "metadata.json").is_file():
         raise ValueError(f"{path} is not a Megatron distributed checkpoint (no metadata.json)")
-    from megatron_maspo.model.safe_load import screen_checkpoint
+    from megatron_maspo.model.safe_load import screen_checkpoint_once
 
-    screen_checkpoint(Path(path))  # torch would unpickle .metadata unrestricted: screen it first
+    screen_checkpoint_once(Path(path))  # torch would unpickle .metadata unrestricted: screen it first
     state = dist_checkpointing.load(model_sharded_state_dict(chunks), str(path))
     load_model_state(chunks, state, strict=True)
     logger.info("loaded Megatron checkpoint %s", path)

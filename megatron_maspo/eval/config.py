@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+GRADERS = ("math_verify", "prime_math")
+
 
 @dataclass(kw_only=True)
 class EvalConfig:
@@ -30,8 +32,14 @@ class EvalConfig:
     """Without ``data`` / ``benchmarks``: a fresh draw of the synthetic task with another seed."""
     dropped_as_wrong: bool = True
     """Prompts over ``data.max_prompt_tokens`` count as 0 of k correct (always reported)."""
+    grader: str = "math_verify"
+    """Grader of evaluation (``maspo eval`` without ``--grader``, and ``eval.every`` in training):
+    'math_verify' (the training reward) or 'prime_math' (the evaluation grader rules of the MASPO
+    paper, §5.1, ``reward/prime_grader.py``). The paper recipes set 'prime_math'."""
 
     def __post_init__(self) -> None:
+        if self.grader not in GRADERS:
+            raise ValueError(f"eval.grader={self.grader!r}; accepted: {list(GRADERS)}")
         if self.every < 0:
             raise ValueError(f"eval.every must be >= 0, got {self.every}")
         if self.k < 1:

@@ -23,7 +23,13 @@ right clipping ranges 3e-4 and 4e-4)."""
 
 ROLLOUT_CORRECTION_MODES = ("none", "tis", "token_mask", "icepop", "seq_mask")
 ICEPOP_BAND = (0.5, 5.0)
-"""IcePop's acceptance band [α, β] of π_train/π_infer (Ling team, Ring-1T report / IcePop blog, 2025)."""
+"""IcePop's acceptance band [α, β] of π_train/π_infer. IcePop itself (Ling team: IcePop blog; Ring-1T report,
+arXiv 2510.18855) defines the band; these two values are the ones verl's rollout-correction docs give for
+IcePop (``rollout_is_threshold="0.5_5.0"``), not checked here against a primary source: unverified."""
+GEO_RS_BAND = (1.0 / 1.001, 1.0 / 0.999)
+"""verl's Geo-RS preset (``RolloutCorrectionConfig.decoupled_geo_rs``: ``rollout_rs="seq_mean_k1"``,
+``rollout_rs_threshold="0.999_1.001"``) in our k = π_old/π_rollout. verl bounds the k1 statistic
+mean_t(−log k_t) by [log 0.999, log 1.001], i.e. the geometric mean of k by [1/1.001, 1/0.999]."""
 
 BAPO_CONTRIBUTIONS = ("loss_value", "gradient_mass")
 BAPO_ORDERS = ("high_first", "low_first")
@@ -98,22 +104,27 @@ class DacParams:
 class BapoParams:
     """BAPO (Xi et al. 2025, arXiv 2510.18927, Alg. 1, Eq. 8): PPO-clip with searched ratio bounds.
 
-    ``loss.bapo`` follows the BAPO *paper* (§5 settings); ``loss.bapo_code`` (method 'bapo_code')
-    follows the BAPO authors' *released code* (WooooDyy/BAPO ``recipe/bapo``: config defaults and
-    example script). The MASPO paper gives no BAPO setting (its Table 4 is missing from our text).
+    ``loss.bapo`` follows the values the BAPO authors' README (WooooDyy/BAPO) states "as used in the
+    paper" (ρ₀ and both search ranges) and the paper's Alg. 1 order; its step sizes are the paper's §5
+    as first read here, which the README does not state (not re-checked). ``loss.bapo_code`` (method
+    'bapo_code') follows the authors' *released code* (``recipe/bapo``: config defaults and example
+    script). The MASPO paper gives no BAPO setting (its Table 4 is missing from our text).
     """
 
-    target_share: float = 0.4
-    """ρ₀: target share P/(P+N) of the positive contribution; 0.4 (BAPO paper §5; its README says
-    0.5). Ignored when ``target_ratio`` is set."""
+    target_share: float = 0.5
+    """ρ₀: target share P/(P+N) of the positive contribution; 0.5, the value the BAPO authors' README
+    gives "as used in the paper" (an earlier 0.4 cited the paper's §5, which could not be checked).
+    Ignored when ``target_ratio`` is set."""
     target_ratio: float | None = None
     """Target of P/N instead of the share (released code's criterion; it passes 0.5, share 1/3)."""
     low_range: tuple[float, float] = (0.6, 0.9)
-    """(a⁻, b⁻): search range of c_low; (0.6, 0.9) (BAPO paper §5; released code 0.6→0.8)."""
+    """(a⁻, b⁻): search range of c_low; (0.6, 0.9) (BAPO README, "as used in the paper"; released code
+    0.6→0.8)."""
     high_range: tuple[float, float] = (1.2, 3.0)
-    """(a⁺, b⁺): search range of c_high; (1.2, 3.0) (BAPO paper §5; released code 1.2→2.0)."""
+    """(a⁺, b⁺): search range of c_high; (1.2, 3.0) (BAPO README, "as used in the paper"; released code
+    1.2→2.0)."""
     step_low: float = 0.02
-    """δ₂: c_low increment; 0.02 (BAPO paper §5; released code 0.05)."""
+    """δ₂: c_low increment; 0.02 (BAPO paper §5 as first read, not in the README; released code 0.05)."""
     step_high: float = 0.05
     """δ₁: c_high increment; 0.05 (BAPO paper §5 and released code)."""
     contribution: str = "loss_value"
@@ -319,26 +330,32 @@ class RolloutCorrectionParams:
     """Correction for the trainer/rollout-engine mismatch k_t = π_old(t)/π_rollout(t) (`rollout_correction.py`).
 
     Composes with every method: the per-token surrogate loss is multiplied by a detached factor.
-    Modes: 'none'; 'tis' min(k, cap) (truncated IS); 'token_mask' 1[lower ≤ k ≤ upper] (masked IS:
-    tokens outside dropped); 'icepop' k·1[lower ≤ k ≤ upper] (IcePop's two-sided masking with the kept
-    ratio as IS weight); 'seq_mask' 1[lower ≤ exp(mean_t log k_t) ≤ upper] per response (geometric-mean
-    sequence masking). Dropped tokens stay in the aggregation's denominators (counted before the
-    forward), like tokens a hard clip zeroes.
+    Modes: 'none'; 'tis' min(k, cap) (truncated IS); 'token_mask' 1[lower ≤ k ≤ upper] (token rejection,
+    verl's ``rollout_rs="token_k1"``: tokens outside dropped, no IS weight; verl's masked IS keeps k as the
+    weight inside the band, which is 'icepop' here); 'icepop' k·1[lower ≤ k ≤ upper] (IcePop's
+    two-sided masking with the kept ratio as IS weight); 'seq_mask' 1[lower ≤ exp(mean_t log k_t) ≤
+    upper] per response (geometric-mean rejection, verl's Geo-RS). Dropped tokens stay in the
+    aggregation's denominators (counted before the forward), like tokens a hard clip zeroes: the
+    convention of IcePop's objective, whose mask sits inside a sum normalised by all response tokens.
+    verl instead removes rejected tokens from the response mask, so its token-mean divides by the kept
+    tokens: here the gradient is N_kept/N times verl's (docs/losses.md).
     """
 
     mode: str = "none"
     cap: float | None = None
     """C for 'tis'; required there (`loss.tis_cap` is its alias; e.g. 2)."""
     lower: float | None = None
-    """Band low end; None = the mode's default: icepop 0.5 (IcePop), token_mask 0.5, seq_mask 0.999
-    (ours: symmetric in log space around 1; no peer default is cited)."""
+    """Band low end; None = the mode's default: icepop 0.5 (verl's IcePop setting, unverified against
+    IcePop's own text), token_mask 0.5 (ours: symmetric in log k), seq_mask 1/1.001 (verl's Geo-RS
+    preset "0.999_1.001", converted to our k: ``GEO_RS_BAND``)."""
     upper: float | None = None
-    """Band high end; None = icepop 5.0 (IcePop), token_mask 2.0, seq_mask 1/0.999 (ours)."""
+    """Band high end; None = icepop 5.0 (as ``lower``), token_mask 2.0 (ours), seq_mask 1/0.999 (verl's
+    Geo-RS preset)."""
 
     def band(self) -> tuple[float, float]:
         """(lower, upper) with the mode's defaults filled in."""
         lo, hi = {"icepop": ICEPOP_BAND, "token_mask": (0.5, 2.0),
-                  "seq_mask": (0.999, 1.0 / 0.999)}.get(self.mode, (0.0, math.inf))
+                  "seq_mask": GEO_RS_BAND}.get(self.mode, (0.0, math.inf))
         return (lo if self.lower is None else self.lower, hi if self.upper is None else self.upper)
 
     def __post_init__(self) -> None:

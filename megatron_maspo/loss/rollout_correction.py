@@ -4,13 +4,15 @@ With k_t = π_old(t) / π_rollout(t) (trainer-recomputed over engine log-probs, 
 per-token surrogate loss of any method is multiplied by a detached factor c_t:
 
     tis         c_t = min(k_t, C)                                   truncated IS
-    token_mask  c_t = 1[lower ≤ k_t ≤ upper]                        masked IS: tokens dropped
+    token_mask  c_t = 1[lower ≤ k_t ≤ upper]                        token rejection (verl token_k1), no IS
     icepop      c_t = k_t · 1[lower ≤ k_t ≤ upper]                  IcePop (two-sided mask, kept k as IS)
-    seq_mask    c_t = 1[lower ≤ exp(mean_{t'∈i} log k_t') ≤ upper]  geometric-mean sequence mask
+    seq_mask    c_t = 1[lower ≤ exp(mean_{t'∈i} log k_t') ≤ upper]  geometric-mean rejection (verl Geo-RS)
 
 The sequence statistic needs all of a response's tokens in the call, which the trainer guarantees
 (`train/actor/packing.py` never splits a response). Dropped tokens keep their place in the aggregation's
-denominators (N or S counted before the first forward).
+denominators (N or S counted before the first forward), as in IcePop's objective; verl drops rejected
+tokens from its response mask instead, so with the same kept tokens our gradient is N_kept/N times
+verl's token-mean gradient (sources and defaults: `params.py::RolloutCorrectionParams`).
 """
 
 from __future__ import annotations

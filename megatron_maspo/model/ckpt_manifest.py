@@ -123,7 +123,7 @@ def check_storage(run_dir: str | Path, bytes_needed: int) -> None:
     free = shutil.disk_usage(run_dir).free
     if free < bytes_needed:
         raise StorageError(f"run directory {run_dir}: {free / 2**20:.0f} MiB free, a checkpoint needs about "
-                           f"{bytes_needed / 2**20:.0f} MiB ({bytes_needed} bytes)")
+                           f"{bytes_needed / 2**20:.0f} MiB ({bytes_needed} bytes; checkpoint.min_free_mb sets the figure)")
 
 
 def folder_bytes(folder: str | Path) -> int:

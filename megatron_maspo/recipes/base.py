@@ -9,10 +9,10 @@ which is missing from the text we have: only Clip-Higher's ε_high and Advantage
 Labels cite locations listed in `recipes/_paper_locations.py` (a test checks them).
 
 **Evaluation.** §5.1 grades evaluation with prime_math and reports Avg@32 / Pass@32 on six
-benchmarks; ``maspo eval`` grades with math-verify (the §5.1 *training* grader) unless given
-``--grader prime_math`` (`reward/prime_grader.py`, the evaluation grader's rules), and these recipes
-set no in-training evaluation (``eval.every`` 0, no benchmarks), so no in-training Avg@32 exists
-unless ``eval.*`` is configured.
+benchmarks; these recipes set ``eval.grader=prime_math`` (`reward/prime_grader.py`, the evaluation
+grader's rules), so ``maspo eval`` of their runs and any ``eval.every`` evaluation grade as the paper
+did (math-verify, the §5.1 *training* grader, stays the reward). They set no in-training evaluation
+(``eval.every`` 0, no benchmarks), so no in-training Avg@32 exists unless ``eval.*`` is configured.
 
 ``table1(method, size)`` builds one cell of Table 1 (methods GRPO, Clip-Higher, DAC, Entropy
 Advantage, BAPO, SAPO, MASPO, plus entropy regularisation and advantage reweighting) on
@@ -78,6 +78,7 @@ SETTINGS: dict[str, tuple[object, str]] = {
     "optim.weight_decay": (0.01, "verl default (not stated in the paper)"),
     "optim.clip_grad": (1.0, "verl default (not stated in the paper)"),
     "train.steps": (300, "our choice (not stated in the paper)"),
+    "eval.grader": ("prime_math", "paper §5.1 (evaluation graded with prime_math)"),
     "data.prompt_template": (DAPO_TEMPLATE, "our choice: DAPO-Math-17k's own wrapper, for eval prompts"),
     "loss.grpo.dual_clip_c": (3.0, "verl default clip_ratio_c (whether the paper's baselines used it is "
                                    "unknown: Table 4 is missing from the text)"),

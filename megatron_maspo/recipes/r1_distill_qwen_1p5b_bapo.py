@@ -1,4 +1,4 @@
-"""MASPO paper Table 1: BAPO (adaptive bounds, ρ₀ 0.4) on DeepSeek-R1-Distill-Qwen-1.5B.
+"""MASPO paper Table 1: BAPO (adaptive bounds, ρ₀ 0.5) on DeepSeek-R1-Distill-Qwen-1.5B.
 
 Every value's source is in ``recipes/base.py`` (``SETTINGS``).
 

@@ -55,11 +55,20 @@ def load_recipe(name: str) -> MaspoConfig:
     elif target in list_recipes():
         module = importlib.import_module(f"megatron_maspo.recipes.{target}")
     else:
+        from megatron_maspo.plugins import without_cwd
+
+        # A module name is looked up as plugins are: never in the working directory implicitly
+        # (``python -m`` and torchrun put it first on sys.path), so a stray ./foo.py is not run by
+        # ``--recipe foo``; a file is run only when named as one (``--recipe ./foo.py``).
         try:
-            module = importlib.import_module(target)
+            with without_cwd():
+                module = importlib.import_module(target)
         except ImportError:
+            local = Path(f"{target.split('.')[0]}.py")
+            hint = (f"; {local} in the working directory is not searched: pass --recipe ./{local} to run it"
+                    if local.is_file() else "")
             raise ConfigError(f"unknown recipe {name!r}; available: {list_recipes()} "
-                             "(or pass path/to/recipe.py[:fn] or package.module[:fn])") from None
+                              f"(or pass path/to/recipe.py[:fn] or package.module[:fn]){hint}") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise ConfigError(f"recipe {name!r} has no function {fn_name!r}")

@@ -23,6 +23,13 @@ logger = logging.getLogger(__name__)
 
 _GRADER_MODULE = "megatron_maspo.reward.math_verify"
 _BAD = (GradeStatus.INVALID, GradeStatus.TIMEOUT, GradeStatus.CRASH, GradeStatus.ERROR)
+# What to do about each kind of failure: a grader returning a float is not helped by a longer timeout.
+_REMEDY = {
+    GradeStatus.INVALID: "return a bool from the grader (True when the answer is correct)",
+    GradeStatus.ERROR: "fix the exception the grader raises",
+    GradeStatus.CRASH: "find why the grader's process dies (native code, or memory: reward.max_worker_rss_mb)",
+    GradeStatus.TIMEOUT: "raise reward.timeout_s / reward.grading_budget_s for a slow grader",
+}
 
 
 def judge(value: object) -> GradeStatus | tuple[GradeStatus, str]:
@@ -147,9 +154,9 @@ class MathReward:
         why = ", ".join(f"{k} x{v}" for k, v in self._pool.last_notes.most_common(4))
         line = f"grader {self.name}: {failed}/{n} items scored incorrect because they failed ({why})"
         if failed > self.config.max_bad_fraction * n:
+            todo = "; ".join(_REMEDY[s] for s in sorted(_BAD, key=lambda s: -counts[s]) if counts[s])
             raise GraderError(f"{line}; over reward.max_bad_fraction={self.config.max_bad_fraction:g}, "
-                              "stopping (fix the grader, or raise reward.timeout_s / "
-                              "reward.grading_budget_s for a slow one)")
+                              f"stopping ({todo})")
         logger.warning("%s", line)
 
     def worker_pids(self) -> list[int]:

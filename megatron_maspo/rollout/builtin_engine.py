@@ -17,6 +17,7 @@ import torch
 from megatron_maspo.parallel.device import on_cuda
 from megatron_maspo.rollout.buckets import Bucket, unpack_stream
 from megatron_maspo.rollout.fused_experts import fused_slot, pieces_per_fused
+from megatron_maspo.rollout.hf_cache import forward_with_cache
 from megatron_maspo.rollout.routing import RoutingRecorder
 from megatron_maspo.rollout.sampling import sample_tokens, scaled_logprobs
 from megatron_maspo.rollout.types import Completion, SamplingParams
@@ -231,11 +232,10 @@ class BuiltinEngine:
             # logits_to_keep=1: the prefill projects only the last prompt position onto the vocabulary
             if rec is not None:
                 rec.begin_call(*step_ids.shape)
-            out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out, cache = forward_with_cache(self.model, cache, input_ids=step_ids, attention_mask=mask,
+                                            position_ids=step_pos, use_cache=True, logits_to_keep=1)
             if rec is not None:
                 rec.end_call()
-            cache = out.past_key_values
             lp = scaled_logprobs(out.logits[:, -1], params.temperature)
             tok = sample_tokens(lp, params.top_p, greedy, gens)
             out_tok[:, t] = tok

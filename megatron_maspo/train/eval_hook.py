@@ -28,8 +28,11 @@ class TrainingEval:
     """Builds the held-out sets once (on the engine's rank) and evaluates on schedule."""
 
     def __init__(self, ec: EvalConfig, data: DataConfig, rollout: RolloutConfig, *, seed: int,
-                 tokenizer: Any, is_engine_rank: bool) -> None:
+                 tokenizer: Any, is_engine_rank: bool, reward: Any = None) -> None:
         self.ec, self.rollout, self.seed, self.tokenizer = ec, rollout, seed, tokenizer
+        self.reward = reward
+        """``RewardConfig`` for an evaluation grader of its own (``eval.grader`` 'prime_math')."""
+        self._own_grader: Any = None
         self.datasets: dict = {}
         self.dropped: dict[str, int] = {}
         if self.ec.every and is_engine_rank:
@@ -42,9 +45,20 @@ class TrainingEval:
         return bool(self.ec.every) and (final or step % self.ec.every == 0)
 
     def __call__(self, engine: Any, grader: Any) -> dict[str, float]:
-        """``eval/*`` metrics of the engine's current weights; ``{}`` off the engine's rank."""
+        """``eval/*`` metrics of the engine's current weights; ``{}`` off the engine's rank.
+
+        ``grader`` is the training reward; with ``eval.grader='prime_math'`` the paper's evaluation rules
+        grade instead, on a pool of their own started at the first evaluation.
+        """
         if engine is None or not self.datasets:
             return {}
+        if self.ec.grader == "prime_math":
+            if self._own_grader is None:
+                from megatron_maspo.reward.config import RewardConfig
+                from megatron_maspo.reward.prime_grader import prime_math_reward
+
+                self._own_grader = prime_math_reward(self.reward or RewardConfig())
+            grader = self._own_grader
         rc, ec = self.rollout, self.ec
         params = SamplingParams(n=ec.k, temperature=rc.temperature if ec.temperature is None else ec.temperature,
                                 top_p=rc.top_p, max_tokens=ec.max_new_tokens or rc.max_new_tokens,
@@ -60,4 +74,10 @@ class TrainingEval:
                 out[f"eval/{bench}/{'dropped' if key == 'num_dropped' else key}"] = float(v)
         logger.info("eval: %s", {k: round(v, 4) for k, v in out.items() if "/average/" in k})
         return out
+
+    def close(self) -> None:
+        """Stop the evaluation grader's workers, if one was started."""
+        if self._own_grader is not None:
+            self._own_grader.close()
+            self._own_grader = None
 

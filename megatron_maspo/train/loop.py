@@ -64,6 +64,7 @@ from megatron_maspo.train.preflight import check_layout_supported, check_run_dir
 from megatron_maspo.train.process import faults
 from megatron_maspo.train.process.distributed import JobPools, setup_distributed, setup_pools
 from megatron_maspo.train.process.signals import StopRequest
+from megatron_maspo.train.resume_check import check_resume_config
 from megatron_maspo.train.rollouts.groups import samples_from_groups
 from megatron_maspo.train.sft import sft_warm_start
 
@@ -93,6 +94,8 @@ class Trainer:
         check_combinations(cfg)  # ValueError; the CLI has already run it (as a ConfigError)
         check_layout_supported(cfg.parallel, cfg.model, cfg.loss)
         ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)  # before the model is built
+        if resume:
+            check_resume_config(cfg.checkpoint.run_dir, cfg, ckpts[-1])
         self.rank, world = setup_distributed()  # with pools: the training pool's default group
         if world != cfg.parallel.world_size:
             cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, world_size=world))
@@ -209,7 +212,7 @@ class Trainer:
         self.meters.progress = progress
         # Held-out evaluation stays on the first engine (rank 0), between steps.
         held_out = TrainingEval(cfg.eval, cfg.data, cfg.rollout, seed=cfg.train.seed,
-                                tokenizer=self.tokenizer, is_engine_rank=self.rank == 0)
+                                tokenizer=self.tokenizer, is_engine_rank=self.rank == 0, reward=cfg.reward)
         shard = self.rollouts.shard if self.rank == 0 else None
         evaluate = (lambda: held_out(shard.engine, shard.grader)) if shard is not None else dict
         clean = False
@@ -249,6 +252,7 @@ class Trainer:
             clean = True
         finally:
             unfreeze_long_lived_objects()
+            held_out.close()
             progress.close()
             sink.close()
             self.rollouts.close(clean=clean)  # a rollout pool is told to stop only after a clean end

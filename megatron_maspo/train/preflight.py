@@ -35,3 +35,41 @@ def check_run_dir(run_dir: str | Path, *, resume: bool) -> list[Path]:
         raise ConfigError(f"{run_dir} already holds checkpoints: pass --resume {run_dir} "
                           "or choose another checkpoint.run_dir")
     return ckpts
+
+
+_BYTES_PER_PARAM = 16  # bf16/fp32 weights + fp32 master copy + Adam's two fp32 moments, rounded up
+_CKPT_OVERHEAD = 16 * 2**20  # metadata, tokenizer files, RNG states
+
+
+def free_bytes_needed(cfg, ckpts: list[Path]) -> int:
+    """Bytes the run directory's disk must have free before training (``checkpoint.min_free_mb``).
+
+    None (the default): the last checkpoint's size on a resume; on a fresh run an estimate of one
+    checkpoint from the model's parameter count (the tiny model's, or the HF folder's config.json);
+    64 MiB when neither is known here.
+    """
+    from megatron_maspo.model.ckpt_manifest import folder_bytes
+
+    if cfg.checkpoint.min_free_mb is not None:
+        return cfg.checkpoint.min_free_mb * 2**20
+    if ckpts:
+        return folder_bytes(ckpts[-1])
+    params = _parameter_count(cfg.model)
+    return params * _BYTES_PER_PARAM + _CKPT_OVERHEAD if params else 64 * 2**20
+
+
+def _parameter_count(model) -> int | None:
+    if model.source == "tiny":
+        from megatron_maspo.data.tokenizer import build_byte_tokenizer
+        from megatron_maspo.model.spec import tiny_qwen2_spec
+
+        return tiny_qwen2_spec(vocab_size=len(build_byte_tokenizer()), num_layers=model.tiny_num_layers,
+                               hidden_size=model.tiny_hidden_size).num_parameters()
+    if (Path(model.source) / "config.json").is_file():
+        from megatron_maspo.model.hf_config import arch_spec_from_hf
+
+        try:
+            return arch_spec_from_hf(model.source).num_parameters()
+        except ValueError:
+            return None  # the model build says what is wrong with it
+    return None

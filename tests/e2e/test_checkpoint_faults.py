@@ -4,8 +4,11 @@ One micro run writes ``step_1`` and ``step_2``; each test works on a copy of it:
 
 - each pickle of the checkpoint (``common.pt``, an old-style ``rng/rank0.pt``, ``.metadata``) replaced by
   one that runs code: exit 2, one line naming the file, and the code did not run; the untouched copy resumes;
+- the same in a bytes item (``_extra_state``) inside a ``*.distcp`` shard, with the manifest resealed to
+  match, and a hostile ``.metadata``: ``--resume`` and ``maspo eval`` both refuse it in one line;
 - a truncated file in the newest checkpoint: resume names it and continues from ``step_1``; nothing
   complete left: exit 2, one line;
+- ``--resume`` with another model size or loss method: exit 2, one line naming the field;
 - the disk filling during a save (a file-size limit): one line naming the path; ``step_2`` still intact.
 """
 
@@ -93,6 +96,40 @@ def test_a_code_running_pickle_is_refused_and_does_not_run(pristine, tmp_path, n
         r = _maspo("eval", str(run), "--k", "1", "--num-problems", "2")
         assert r.returncode == 2 and not marker.exists(), r.stderr[-3000:]
         assert _last_line(r).startswith(f"maspo eval: error: {step / name}: refused"), _last_line(r)
+
+
+@pytest.mark.parametrize("where", ["bytes item", ".metadata"])
+def test_a_hostile_shard_item_or_metadata_resealed_is_refused_by_resume_and_eval(pristine, tmp_path, where):
+    from megatron_maspo.model.ckpt_manifest import write_manifest
+    from tests.hostile import plant_in_bytes_item, system_pickle
+
+    run = _copy(pristine, tmp_path)
+    step = run / "checkpoints" / "step_2"
+    marker = tmp_path / "code_ran"
+    if where == "bytes item":
+        bad, key = plant_in_bytes_item(step, marker)
+        want = f"{bad}: bytes item {key!r}: refused"
+    else:
+        bad = step / ".metadata"
+        bad.write_bytes(system_pickle(marker))
+        want = f"{bad}: refused, its pickle names posix.system"
+    write_manifest(step)  # whoever hands over a checkpoint can reseal its manifest
+    for cmd, r in (("train", _resume(run)), ("eval", _maspo("eval", str(run), "--k", "1", "--num-problems", "2"))):
+        assert r.returncode == 2 and not marker.exists(), r.stderr[-3000:]
+        assert "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert _last_line(r).startswith(f"maspo {cmd}: error: {want}"), _last_line(r)
+
+
+@pytest.mark.parametrize(("change", "named"), [("model.tiny_hidden_size=64", "model.tiny_hidden_size 32 -> 64"),
+                                               ("loss.method=grpo", "loss.method 'maspo' -> 'grpo'")])
+def test_resume_with_another_model_or_method_is_one_line(pristine, tmp_path, change, named):
+    run = _copy(pristine, tmp_path)
+    r = _maspo("train", "--resume", str(run), "--set", "train.steps=3", "--set", change)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [
+        f"maspo train: error: --resume {run}: its checkpoints cannot be loaded with this config: {named}; "
+        "these cannot change on resume: start a new checkpoint.run_dir (to keep the weights, with "
+        "model.megatron_checkpoint=<checkpoint> when the shapes match)"], r.stderr[-3000:]
 
 
 def test_an_untouched_copy_resumes(pristine, tmp_path):

@@ -83,8 +83,9 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
         _cmd(sets=[*MICRO, "train.steps=4", "checkpoint.save_every=2", f"checkpoint.run_dir={full}"]),
         _cmd(sets=[*MICRO, "train.steps=2", "checkpoint.save_every=2", f"checkpoint.run_dir={part}"]))
     assert a.returncode == 0, a.stderr[-3000:]
-    assert not [ln for ln in a.stderr.splitlines() if "transformers" in ln and
-                ("deprecat" in ln.lower() or "will be removed" in ln)], "transformers deprecation warning"
+    # no deprecation notice from any library (transformers 5.24 logs one for past_key_values: hf_cache.py)
+    assert not [ln for ln in a.stderr.splitlines() if "deprecat" in ln.lower() or "will be removed" in ln], \
+        "a deprecation notice on stderr"
     # A quiet console when not a terminal: one plain line per step (numbered like metrics and
     # checkpoints), no bars, and none of Megatron's start-up warnings, bucket listings or the
     # dist-checkpoint "overwriting" warning on each save.
@@ -155,7 +156,7 @@ def test_sigterm_checkpoints_and_sigkill_loses_only_recent_steps(tmp_path):
     p.kill()
     p.wait(timeout=60)
     ckpts = sorted((run_dir / "checkpoints").glob("step_*"), key=lambda x: int(x.name.split("_")[1]))
-    # A partial .tmp_step_* left by the kill must be ignored by the resume below.
+    # A partial .tmp_step_*.* left by the kill must be ignored by the resume below.
     last = int(ckpts[-1].name.split("_")[1])
     assert last >= done
     out = _run("--resume", str(run_dir), sets=[f"train.steps={last + 1}"])

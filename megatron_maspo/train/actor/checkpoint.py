@@ -1,7 +1,8 @@
 """Atomic Megatron distributed checkpoints of the actor: model, optimizer, LR schedule, RNG, data.
 
-Layout of ``<root>/step_<N>/`` (written as ``<root>/.tmp_step_<N>`` then renamed by rank 0, so a
-directory named ``step_*`` is always complete):
+Layout of ``<root>/step_<N>/`` (written as ``<root>/.tmp_step_<N>.<random>`` then renamed by rank 0, so
+a directory named ``step_*`` is always complete; the random part keeps two runs, or a run and the
+leftover of a killed one, out of each other's temp folder, and leftovers are removed at the next commit):
 
 * Megatron ``torch_dist`` shards of ``{"model": ..., "optimizer": ...}`` (resharded on load: a
   checkpoint written at one TP/PP loads at another), plus the common (rank-0) items ``scheduler``,
@@ -27,6 +28,7 @@ import contextlib
 import logging
 import re
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,7 @@ from megatron_maspo.model.ckpt_manifest import (
     list_checkpoints,
     write_manifest,
 )
-from megatron_maspo.model.safe_load import load_rng, save_rng, screen_checkpoint
+from megatron_maspo.model.safe_load import load_rng, save_rng, screen_checkpoint_once
 from megatron_maspo.model.spec_record import spec_mismatch, write_spec_record
 from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.device import on_cuda
@@ -98,10 +100,12 @@ def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict
     def prune() -> None:
         for old in list_checkpoints(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
+        for left in root.glob(".tmp_step_*"):  # a killed run's partial saves (the run lock: none is live)
+            shutil.rmtree(left, ignore_errors=True)
 
     previous = (list_checkpoints(root) or [None])[-1]
     try:
-        with collective_atomic_dir(final, overwrite=True, tmp_name=f".tmp_step_{step}",
+        with collective_atomic_dir(final, overwrite=True, tmp_name=f".tmp_step_{step}.{uuid.uuid4().hex[:8]}",
                                    on_commit=prune) as tmp:
             state = _sharded_state(actor, is_loading=False, with_optimizer=True)
             state.update(scheduler=actor.scheduler.state_dict(), data_state=dict(data_state or {}),
@@ -169,7 +173,7 @@ def load_checkpoint(actor: Any, path: str | Path, *, load_optimizer: bool = True
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
-    screen_checkpoint(path)  # no pickle from a checkpoint runs code (a one-line refusal naming the file)
+    screen_checkpoint_once(path)  # no pickle from a checkpoint runs code (a one-line refusal naming the file)
     mismatch = spec_mismatch(path, actor.opts) if hasattr(actor, "opts") else None
     if mismatch:  # Megatron maps most keys across specs; say so now, and name both if the load fails
         logger.warning("%s", mismatch)

@@ -44,7 +44,7 @@ def test_bapo_raises_c_high_when_low_range_is_a_point():
     a = torch.tensor([1.0] * 3 + [-1.0] * 6, dtype=F64)
     m = torch.ones(9, dtype=torch.bool)
     for order in ("high_first", "low_first"):
-        cfg = LossConfig(method="bapo", bapo=BapoParams(low_range=(0.8, 0.8), order=order))
+        cfg = LossConfig(method="bapo", bapo=BapoParams(low_range=(0.8, 0.8), order=order, target_share=0.4))
         c_low, c_high, share = bapo_search_bounds(r, a, m, cfg)
         assert c_low == 0.8 and c_high > 1.2 and share >= 0.4, (order, c_low, c_high, share)
 

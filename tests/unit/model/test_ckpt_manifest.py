@@ -71,7 +71,7 @@ def test_storage_checks_name_the_path_and_bytes(tmp_path):
     check_storage(tmp_path / "new", 1)
     assert (tmp_path / "new").is_dir() and not list((tmp_path / "new").iterdir())  # the probe is gone
     with pytest.raises(StorageError, match=rf"run directory {tmp_path}: \d+ MiB free, a checkpoint needs "
-                                           rf"about \d+ MiB \({2**60} bytes\)"):
+                                           rf"about \d+ MiB \({2**60} bytes; checkpoint.min_free_mb sets the figure\)"):
         check_storage(tmp_path, 2**60)
     ro = "/sys/maspo_write_test"  # a read-only mount here (root ignores file modes, not a ro mount)
     try:  # root ignores file modes, so only a read-only mount can refuse it

@@ -44,6 +44,9 @@ def test_a_batch_over_the_bad_fraction_stops_with_one_line_naming_the_grader() -
     msg = str(e.value)
     assert "\n" not in msg and f"{_HOOKS}:returns_what_it_is_told" in msg and "2/3" in msg, msg
     assert "reward.max_bad_fraction=0.5" in msg, msg
+    # a float or None is not helped by a longer timeout: the remedy says what the grader must return
+    assert msg.endswith("stopping (return a bool from the grader (True when the answer is correct))"), msg
+    assert "timeout_s" not in msg, msg
 
 
 def test_a_sleeping_grader_stops_within_the_batch_deadline() -> None:
@@ -57,6 +60,7 @@ def test_a_sleeping_grader_stops_within_the_batch_deadline() -> None:
             reward(["a"] * 16, ["x"] * 16)
         elapsed = time.perf_counter() - t0
     assert "16/16" in str(e.value) and f"{_HOOKS}:sleeps" in str(e.value) and "deadline" in str(e.value)
+    assert "raise reward.timeout_s / reward.grading_budget_s" in str(e.value)
     # The budget plus worker start-up (not counted in the budget) and the kills.
     assert elapsed < 4.0 + 8.0, elapsed
 
