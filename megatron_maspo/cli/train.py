@@ -132,13 +132,13 @@ def run(args: argparse.Namespace) -> int:
 
     refuse_broken_stack()  # on a GPU: a known-broken torch/vLLM/TE set stops here, in one line
     resume = bool(args.resume) or auto_resume(cfg)
-    from megatron_maspo.train.run_lock import run_dir_lock
+    from megatron_maspo.train.process.run_lock import run_dir_lock
 
-    # The run directory is this run's before anything is written there (train/run_lock.py).
+    # The run directory is this run's before anything is written there (train/process/run_lock.py).
     with run_dir_lock(cfg.checkpoint.run_dir, rank=job_rank()):
         ckpts = check_run_dir(cfg.checkpoint.run_dir, resume=resume)
         if resume:  # a model or layout the checkpoint cannot follow: one line, before Megatron sees it
-            from megatron_maspo.train.resume_check import check_resume_config
+            from megatron_maspo.train.process.resume_check import check_resume_config
 
             check_resume_config(cfg.checkpoint.run_dir, cfg, ckpts[-1])
         if job_rank() == 0:  # the other ranks' loads get rank 0's verdict (screen_checkpoint_once)

@@ -63,8 +63,8 @@ from megatron_maspo.train.observe.sinks import build_sink
 from megatron_maspo.train.preflight import check_layout_supported, check_run_dir
 from megatron_maspo.train.process import faults
 from megatron_maspo.train.process.distributed import JobPools, setup_distributed, setup_pools
+from megatron_maspo.train.process.resume_check import check_resume_config
 from megatron_maspo.train.process.signals import StopRequest
-from megatron_maspo.train.resume_check import check_resume_config
 from megatron_maspo.train.rollouts.groups import samples_from_groups
 from megatron_maspo.train.sft import sft_warm_start
 

@@ -14,7 +14,7 @@ import time
 import pytest
 import yaml
 
-from megatron_maspo.train.run_lock import LOCK_NAME
+from megatron_maspo.train.process.run_lock import LOCK_NAME
 from tests.e2e.test_train_cli import MICRO, _cmd, _metrics, _run
 
 pytestmark = pytest.mark.slow  # four micro runs and an eval: ~70 s on 2 shared cores

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from megatron_maspo.loss import LossConfig, compute_policy_loss
+from megatron_maspo.loss import LossConfig, LossInputs, compute_policy_loss
 from megatron_maspo.loss.params import BapoParams, RolloutCorrectionParams
 from megatron_maspo.loss.rollout_correction import correction_factor
 
@@ -54,7 +54,8 @@ def test_token_mask_is_rejection_and_dropped_tokens_stay_in_the_denominator():
     mask = torch.ones(t, dtype=torch.bool)
     cfg = LossConfig(method="grpo", rollout_correction=RolloutCorrectionParams(mode="token_mask"))
     x = logp.clone().requires_grad_()
-    loss, _ = compute_policy_loss(cfg, x, old, adv, mask, num_tokens_global=t, rollout_logprobs=rollout)
+    loss, _ = compute_policy_loss(cfg, LossInputs(logprobs=x, old_logprobs=old, advantages=adv, mask=mask,
+                                                  num_tokens_global=t, rollout_logprobs=rollout))
     (g_ours,) = torch.autograd.grad(loss, x)
     k = torch.exp(old - rollout)
     kept = (k >= 0.5) & (k <= 2.0)

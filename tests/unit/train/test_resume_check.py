@@ -11,7 +11,7 @@ import pytest
 from megatron_maspo.config import save_config
 from megatron_maspo.errors import ConfigError
 from megatron_maspo.recipes.registry import resolve_config
-from megatron_maspo.train.resume_check import check_resume_config, config_differences
+from megatron_maspo.train.process.resume_check import check_resume_config, config_differences
 
 
 def _cfg(*sets: str):

@@ -1,4 +1,4 @@
-"""The run-directory lock (``train/run_lock.py``) with real processes and files: a live holder is refused
+"""The run-directory lock (``train/process/run_lock.py``) with real processes and files: a live holder is refused
 in one line naming its host and pid, a killed one's lock is taken over with a warning, a pid reused by
 another process or an earlier Slurm incarnation counts as gone, another host's lock is refused."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_maspo.train.run_lock import (
+from megatron_maspo.train.process.run_lock import (
     LOCK_NAME,
     RunDirLockedError,
     acquire,
@@ -24,7 +24,7 @@ from megatron_maspo.train.run_lock import (
     run_dir_lock,
 )
 
-_HOLD = ("import sys, time; from megatron_maspo.train.run_lock import acquire; acquire(sys.argv[1]); "
+_HOLD = ("import sys, time; from megatron_maspo.train.process.run_lock import acquire; acquire(sys.argv[1]); "
          "print('held', flush=True); time.sleep(60)")
 
 
@@ -109,7 +109,7 @@ def test_racing_starters_on_a_stale_lock_get_one_winner(tmp_path):
     _plant(tmp_path, pid=_dead_pid())
     release = tmp_path / "release"
     # all start at one instant; the winner holds the lock until the test has every answer
-    code = ("import os, sys, time; from megatron_maspo.train.run_lock import acquire, RunDirLockedError\n"
+    code = ("import os, sys, time; from megatron_maspo.train.process.run_lock import acquire, RunDirLockedError\n"
             "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
             "try:\n    acquire(sys.argv[1]); print('won', flush=True)\n"
             "    end = time.time() + 60\n"
