@@ -150,6 +150,61 @@ def test_engine_identity_lives_in_one_file(modules):
     assert not bad, bad
 
 
+def _module_level_imports(tree: ast.Module, name: str, is_pkg: bool, known: set[str]) -> set[str]:
+    """Package modules ``name`` imports when it is imported (not inside functions, not for type checkers)."""
+    out: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, (ast.If, ast.Try)):
+                for part in (node.body, node.orelse, getattr(node, "finalbody", []),
+                             *[h.body for h in getattr(node, "handlers", [])]):
+                    visit(part)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = name.split(".") if is_pkg else name.split(".")[:-1]
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                out.update(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names)
+
+    visit(tree.body)
+    return {m for m in out if m in known and m != name}
+
+
+def test_no_import_cycle(modules):
+    """No cycle among the package's modules at import time (a function-level import is how a module
+    defers one; the layering rules above still count those as arrows)."""
+    names = {}
+    for f, tree in modules:
+        parts = f.relative_to(PKG.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = (f, tree)
+    known = set(names)
+    graph = {n: _module_level_imports(t, n, f.name == "__init__.py", known) for n, (f, t) in names.items()}
+    state: dict[str, int] = {}
+    path: list[str] = []
+    cycles: list[str] = []
+
+    def walk(u: str) -> None:
+        state[u] = 1
+        path.append(u)
+        for v in sorted(graph[u]):
+            if state.get(v) == 1:
+                cycles.append(" -> ".join(path[path.index(v):] + [v]))
+            elif not state.get(v):
+                walk(v)
+        path.pop()
+        state[u] = 2
+
+    for n in sorted(graph):
+        if not state.get(n):
+            walk(n)
+    assert not cycles, cycles
+
+
 def test_only_builders_take_the_root_config_under_train(modules):
     takers = []
     for f, tree in modules:
