@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from megatron_maspo.parallel import comm
+from megatron_maspo.parallel.device import on_cuda
 from megatron_maspo.rollout.buckets import Bucket, meta_from_wire, meta_to_wire
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,9 @@ class WeightSender:
         buffers, checksummed)."""
         if not getattr(self.bridge, "on_device", False):
             return None
-        if self._pool is None or self._pool.capacity != bucket_bytes:
+        # On a GPU the two buffers (2 x rollout.bucket_mb) are made per sync and dropped after it, so the
+        # caching allocator hands their memory back to training; elsewhere they are kept across syncs.
+        if self._pool is None or self._pool.capacity != bucket_bytes or on_cuda():
             from megatron_maspo.rollout.transport import BucketPool
 
             self._pool = BucketPool(bucket_bytes, make=comm.device_empty)
@@ -88,6 +91,8 @@ class WeightSender:
                 b.done()  # NCCL: the pool's next pack into this buffer is queued behind the broadcast
         self.ctl.broadcast_object({"end": True})
         self._version += 1
+        if on_cuda():
+            self._pool = None
 
     def stop(self) -> None:
         """Tell every engine owner that no sync follows (its receiver thread ends)."""

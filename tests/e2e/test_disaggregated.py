@@ -81,7 +81,18 @@ def test_a_pool_of_two_engines_equals_one_colocated_engine(tmp_path):
     b = _torchrun(sets=[*sets, f"checkpoint.run_dir={tmp_path / 'pool2'}"], nproc=3, engines=2)
     assert b.returncode == 0, b.stderr[-3000:]
     assert "2 engine(s) of rollout TP 1 on ranks 1-2" in b.stderr
-    assert _same(_metrics(tmp_path / "colocated")) == _same(_metrics(tmp_path / "pool2"))
+    ra, rb = _same(_metrics(tmp_path / "colocated")), _same(_metrics(tmp_path / "pool2"))
+    # The sampled tokens, rewards and groups are the same; each engine now runs 2 prompts' groups in one
+    # batch instead of 4, so its fp32 log-probs (and what the trainer computes from them) differ in the
+    # last bits: ~1e-7 absolute, measured on the base commit of this test as well.
+    exact = ("reward/", "response_length/", "rollout/", "step")
+    assert [{k: v for k, v in r.items() if k.startswith(exact)} for r in ra] == \
+        [{k: v for k, v in r.items() if k.startswith(exact)} for r in rb]
+    assert [sorted(r) for r in ra] == [sorted(r) for r in rb]
+    for x, y in zip(ra, rb):
+        for k in x:
+            want = pytest.approx(y[k], rel=1e-4, abs=1e-5) if isinstance(y[k], float) else y[k]
+            assert x[k] == want, (x["step"], k, x[k], y[k])
 
 
 def _wait_for_checkpoint(run_dir: Path, name: str, proc: subprocess.Popen, timeout: float) -> None:
