@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from megatron_maspo.model import mcore_compat
+
 _HOST = "_maspo_host_bounds"
 _CACHE = "_maspo_rope_cache"
 _installed = False
@@ -40,14 +42,19 @@ def install() -> None:
 
     original = rope_utils._apply_rotary_pos_emb_thd
 
-    def patched(t, cu_seqlens, freqs, rotary_interleaved=False, multi_latent_attention=False, mscale=1.0,
-                cp_group=None):
+    def patched(t, cu_seqlens, freqs, rotary_interleaved=False, mla=None, mscale=1.0, cp_group=None,
+                **kwargs):
+        # The MLA flag is ``multi_latent_attention=`` on megatron-core 0.16.1, ``mla_rotary_interleaved=``
+        # on 0.19 (mcore_compat); it sits in the same positional slot on both.
+        multi_latent_attention = mcore_compat.pop_rope_mla_flag(kwargs, default=bool(mla))
+        if kwargs:
+            raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
         out = packed_thd_rope(t, cu_seqlens, freqs, rotary_interleaved=rotary_interleaved,
                               multi_latent_attention=multi_latent_attention, mscale=mscale, cp_group=cp_group)
         if out is None:
-            return original(t, cu_seqlens, freqs, rotary_interleaved=rotary_interleaved,
-                            multi_latent_attention=multi_latent_attention, mscale=mscale,
-                            cp_group=cp_group)  # type: ignore[arg-type]
+            return original(t, cu_seqlens, freqs, rotary_interleaved=rotary_interleaved, mscale=mscale,
+                            cp_group=cp_group,
+                            **mcore_compat.rope_mla_kwargs(multi_latent_attention))  # type: ignore[arg-type]
         return out
 
     patched.maspo_original = original  # type: ignore[attr-defined]
@@ -86,5 +93,5 @@ def packed_thd_rope(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tens
         return None  # freqs over the whole row: Megatron's offset mapping (CASE 1)
     table = packed_freqs(cu_seqlens, freqs)
     assert table is not None  # bounds checked above
-    return _apply_rotary_pos_emb_bshd(t.unsqueeze(1), table, rotary_interleaved=rotary_interleaved,
-                                      multi_latent_attention=multi_latent_attention, mscale=mscale).squeeze(1)
+    return _apply_rotary_pos_emb_bshd(t.unsqueeze(1), table, rotary_interleaved=rotary_interleaved, mscale=mscale,
+                                      **mcore_compat.rope_mla_kwargs(multi_latent_attention)).squeeze(1)

@@ -1,0 +1,68 @@
+"""megatron-core version differences kept in ``model/mcore_compat`` (issue 47). Runs on whichever
+megatron-core the venv has (0.16.1 in CI's main stack, 0.19.x in the next-stack venv): the helpers probe
+the installed signatures, and the packed-RoPE route accepts the MLA flag under both spellings."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from megatron_maspo.model import mcore_compat
+from megatron_maspo.model.packed_attention import build_packed_seq_params
+
+
+class _Group:
+    def size(self):
+        return 1
+
+    def rank(self):
+        return 0
+
+
+def test_rope_mla_kwarg_is_a_parameter_of_the_installed_rope_functions():
+    from megatron.core.models.common.embeddings import rope_utils
+
+    name = mcore_compat.rope_mla_kwarg()
+    assert name in (mcore_compat.ROPE_MLA_OLD, mcore_compat.ROPE_MLA_NEW)
+    for fn in (rope_utils._apply_rotary_pos_emb_bshd, getattr(rope_utils._apply_rotary_pos_emb_thd,
+                                                                "maspo_original",
+                                                                rope_utils._apply_rotary_pos_emb_thd)):
+        assert name in inspect.signature(fn).parameters
+    assert mcore_compat.rope_mla_kwargs(1) == {name: True}
+
+
+@pytest.mark.parametrize(("kwargs", "default", "want"), [
+    ({}, False, False),
+    ({}, True, True),
+    ({"multi_latent_attention": True}, False, True),
+    ({"mla_rotary_interleaved": True}, False, True),
+    ({"multi_latent_attention": None, "mla_rotary_interleaved": True}, False, True),  # 0.19's None default
+    ({"multi_latent_attention": False, "mla_rotary_interleaved": True}, False, False),  # old wins, as in 0.19
+])
+def test_pop_rope_mla_flag_reads_either_spelling(kwargs, default, want):
+    kw = dict(kwargs, other=1)
+    assert mcore_compat.pop_rope_mla_flag(kw, default=default) is want
+    assert kw == {"other": 1}
+
+
+@pytest.mark.parametrize("mla", [False, True])
+def test_packed_rope_route_takes_the_mla_flag_under_both_spellings(mla):
+    from megatron.core.models.common.embeddings import rope_utils
+
+    bounds = [0, 5, 12, 20]
+    params = build_packed_seq_params(bounds)  # installs the route
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(bounds[-1], 2, 8, generator=g)
+    freqs = torch.randn(8, 1, 1, 8, generator=g)
+    original = rope_utils._apply_rotary_pos_emb_thd.maspo_original
+    want = original(t, params.cu_seqlens_q.clone(), freqs, cp_group=_Group(), **mcore_compat.rope_mla_kwargs(mla))
+    route = rope_utils._apply_rotary_pos_emb_thd
+    for cu in (params.cu_seqlens_q, params.cu_seqlens_q.clone()):  # host bounds (ours) / none (Megatron's)
+        got = [route(t, cu, freqs, cp_group=_Group(), multi_latent_attention=mla),
+               route(t, cu, freqs, cp_group=_Group(), mla_rotary_interleaved=mla),
+               route(t, cu, freqs, False, mla, 1.0, _Group())]
+        assert all(torch.equal(x, want) for x in got)
+    with pytest.raises(TypeError, match="no_such_flag"):
+        route(t, params.cu_seqlens_q, freqs, cp_group=_Group(), no_such_flag=True)
