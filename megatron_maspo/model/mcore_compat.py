@@ -12,6 +12,11 @@ Entries:
   as a deprecated keyword that warns) and ``apply_rotary_pos_emb`` passes only the new name to the thd
   function. :func:`rope_mla_kwargs` spells the flag for the installed version; :func:`pop_rope_mla_flag`
   reads it from a call made with either spelling.
+- **How a pickled tensor names its storage loader.** ``import megatron.core`` on 0.19 rebinds
+  ``torch.storage._load_from_bytes`` (a ``weights_only=False`` load) to
+  ``megatron.core.safe_globals.safe_load_from_bytes`` (a ``weights_only=True`` one), so every tensor pickled
+  in such a process (Transformer Engine's extra state among them) names the latter. 0.16.1 has no such
+  function. :func:`storage_loader_globals` lists the names the installed version can write.
 """
 
 from __future__ import annotations
@@ -53,3 +58,21 @@ def pop_rope_mla_flag(kwargs: dict[str, Any], default: bool = False) -> bool:
     if old is not None:
         flag = old
     return bool(flag)
+
+
+#: torch's own loader of a pickled storage (what every megatron-core version's pickles may name).
+TORCH_STORAGE_LOADER = ("torch.storage", "_load_from_bytes")
+#: megatron-core 0.19's replacement for it (``megatron/core/__init__.py`` rebinds torch's name to this).
+MCORE_STORAGE_LOADER = ("megatron.core.safe_globals", "safe_load_from_bytes")
+
+
+@functools.cache
+def storage_loader_globals() -> frozenset[tuple[str, str]]:
+    """The ``(module, name)`` globals a tensor pickled under the installed megatron-core may name for
+    loading its storage from bytes: torch's always, megatron-core's where it defines one (0.19)."""
+    from megatron.core import safe_globals
+
+    names = {TORCH_STORAGE_LOADER}
+    if callable(getattr(safe_globals, MCORE_STORAGE_LOADER[1], None)):
+        names.add(MCORE_STORAGE_LOADER)
+    return frozenset(names)

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from megatron_maspo.errors import InputError
+from megatron_maspo.model import mcore_compat
 
 _TRACKER = "tracker/"
 
@@ -204,8 +205,10 @@ class _ExtraStateUnpickler(pickle.Unpickler):
     """Unpickles a TE extra-state pickle if it names only tensors, plain containers and TE recipe types."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if module == "torch.storage" and name == "_load_from_bytes":
-            return _storage_from_bytes
+        if (module, name) == mcore_compat.TORCH_STORAGE_LOADER or (
+                (module, name) == mcore_compat.MCORE_STORAGE_LOADER
+                and (module, name) in mcore_compat.storage_loader_globals()):
+            return _storage_from_bytes  # megatron-core 0.19's name for it (mcore_compat), where it exists
         if "." not in name and name in _EXTRA_STATE_ALLOWED.get(module, ()):
             return super().find_class(module, name)
         if "." not in name and module == _TE_RECIPE_MODULE:

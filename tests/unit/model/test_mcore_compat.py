@@ -66,3 +66,33 @@ def test_packed_rope_route_takes_the_mla_flag_under_both_spellings(mla):
         assert all(torch.equal(x, want) for x in got)
     with pytest.raises(TypeError, match="no_such_flag"):
         route(t, params.cu_seqlens_q, freqs, cp_group=_Group(), no_such_flag=True)
+
+
+def _pickled_tensor_naming(loader: tuple[str, str]) -> bytes:
+    """A protocol-3 pickle of a tensor whose storage loader global is ``loader`` (GLOBAL opcode rewritten)."""
+    import pickle
+
+    data = pickle.dumps({"scale_fwd": torch.ones(3)}, protocol=3)
+    for old in (mcore_compat.TORCH_STORAGE_LOADER, mcore_compat.MCORE_STORAGE_LOADER):
+        data = data.replace(f"c{old[0]}\n{old[1]}\n".encode(), f"c{loader[0]}\n{loader[1]}\n".encode())
+    assert f"c{loader[0]}\n{loader[1]}\n".encode() in data
+    return data
+
+
+def test_extra_state_screen_admits_the_storage_loader_names_the_installed_version_writes():
+    from megatron.core import safe_globals
+
+    from megatron_maspo.errors import InputError
+    from megatron_maspo.model.safe_load import screen_extra_state
+
+    names = mcore_compat.storage_loader_globals()
+    assert mcore_compat.TORCH_STORAGE_LOADER in names
+    has_safe = callable(getattr(safe_globals, "safe_load_from_bytes", None))  # 0.19: yes; 0.16.1: no
+    assert (mcore_compat.MCORE_STORAGE_LOADER in names) is has_safe
+    for loader in (mcore_compat.TORCH_STORAGE_LOADER, mcore_compat.MCORE_STORAGE_LOADER):
+        t = torch.frombuffer(bytearray(_pickled_tensor_naming(loader)), dtype=torch.uint8)
+        if loader in names:
+            screen_extra_state([t], "x")  # accepted
+        else:  # 0.16.1 never writes megatron's name: refused as before
+            with pytest.raises(InputError, match="names megatron.core.safe_globals.safe_load_from_bytes"):
+                screen_extra_state([t], "x")
