@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
                 _unpin(snap, rank, world)
             raise
         _unpin(snap, rank, world)
-        engine = build_engine(cfg, spec, tok) if rank == 0 else None
+        engine = build_engine(cfg, spec) if rank == 0 else None
         sync_weights(actor.named_modules_unwrapped(), spec, groups, engine,
                      bucket_bytes=bucket_bytes_from_mb(cfg.rollout.bucket_mb),
                      verify_checksums=cfg.rollout.verify_checksums)

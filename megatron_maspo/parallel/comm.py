@@ -69,11 +69,6 @@ def default_backend() -> str:
     return "nccl" if on_cuda() else "gloo"
 
 
-def emulating() -> bool:
-    """Whether this process runs under the GPU-semantics emulation (``MASPO_EMULATE_GPU``, CPU only)."""
-    return _emu.active()
-
-
 def start_emulation(label: str | None = None) -> bool:
     """Switch the GPU-semantics emulation on when ``MASPO_EMULATE_GPU`` asks for it (CPU only; idempotent).
     Called where a process joins its group, before any thread starts; True when it is on."""

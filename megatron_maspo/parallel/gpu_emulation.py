@@ -25,7 +25,8 @@ NCCL" cannot fail a test there. Under this emulation it does. What it models (fa
 - **Backends.** Each group records the backend it gets on GPUs (``group_plan``'s rule); a device tensor
   on a group that would be gloo there is an error naming the group and its ranks.
 - **Nodes.** ``MASPO_EMULATE_GPUS_PER_NODE=N`` (see :func:`node_env`) splits a one-host job into nodes
-  of N GPUs: ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` and the visible GPU count follow it.
+  of N GPUs: ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` (what ``rollout/fleet.py::processes_per_node`` reads for
+  the GPUs per node), ``GROUP_RANK`` and ``NNODES`` follow it.
 
 Switched on only under ``parallel/`` (:func:`install`, called where the process joins its group); a
 no-op on a machine with CUDA and when the variable is unset, so the product's hot path never sees it.
@@ -64,6 +65,7 @@ def requested(env: Mapping[str, str] | None = None) -> bool:
 
 
 def timeout_s() -> float:
+    """The watchdog's limit in seconds (``MASPO_EMULATE_GPU_TIMEOUT_S``, default 60)."""
     return float(os.environ.get(ENV_TIMEOUT, "60"))
 
 
@@ -79,12 +81,6 @@ def node_env(env: Mapping[str, str]) -> dict[str, str]:
         raise ValueError(f"{ENV_GPUS_PER_NODE}={per}: must be >= 1")
     return {"LOCAL_RANK": str(rank % n), "LOCAL_WORLD_SIZE": str(min(n, world)), "GROUP_RANK": str(rank // n),
             "NNODES": str(-(-world // n))}
-
-
-def visible_gpus() -> int | None:
-    """GPUs this process would see on its emulated node (None when not emulating nodes)."""
-    per = os.environ.get(ENV_GPUS_PER_NODE)
-    return int(per) if per and requested() else None
 
 
 # ------------------------------------------------------------------------------------------- streams
@@ -104,12 +100,14 @@ class Stream:
         self._cond = threading.Condition()
 
     def post(self, name: str) -> _Item:
+        """Queue the operation ``name`` from the calling thread; it holds the stream until :meth:`finish`."""
         item = _Item(name)
         with self._cond:
             self._items.append(item)
         return item
 
     def finish(self, item: _Item, error: BaseException | None = None) -> None:
+        """Mark ``item`` complete (``error``: how it failed) and wake the threads waiting on the stream."""
         with self._cond:
             item.done, item.error = True, error
             while self._items and self._items[0].done:
@@ -117,6 +115,7 @@ class Stream:
             self._cond.notify_all()
 
     def busy(self) -> bool:
+        """Whether an item is still queued (a device op of the calling thread must wait)."""
         return bool(self._items)
 
     def _wait(self, pending, waiter: str) -> None:
@@ -167,6 +166,7 @@ def active() -> bool:
 
 
 def current_stream() -> Stream:
+    """The calling thread's stream: its side stream inside :func:`stream`, else the process's default one."""
     assert _STATE is not None
     return getattr(_STATE.tls, "stream", None) or _STATE.default
 
@@ -208,6 +208,7 @@ def mark_device(t: torch.Tensor) -> torch.Tensor:
 
 
 def is_device(t: Any) -> bool:
+    """Whether ``t`` is a tensor on the emulated GPU (a parameter, or marked / computed from one)."""
     return isinstance(t, torch.Tensor) and (isinstance(t, torch.nn.Parameter) or getattr(t, _TAG, False))
 
 
@@ -235,6 +236,7 @@ def host_copy_bytes() -> int:
 
 
 def count_copy(nbytes: int) -> None:
+    """Add ``nbytes`` to the process's host <-> device copy counter."""
     if _STATE is not None:
         with _STATE.lock:
             _STATE.host_copy_bytes += int(nbytes)

@@ -70,7 +70,7 @@ class WeightSender:
         """Device buffers to pack into when the bucket bytes travel GPU to GPU (``sync_weights`` packs
         bucket k+1 while bucket k is sent, and skips checksums); None over a host bridge (fresh host
         buffers, checksummed)."""
-        if not getattr(self.bridge, "on_device", False):
+        if not self.bridge.on_device:
             return None
         # On a GPU the two buffers (2 x rollout.bucket_mb) are made per sync and dropped after it, so the
         # caching allocator hands their memory back to training; elsewhere they are kept across syncs.
@@ -131,7 +131,7 @@ class WeightReceiver:
             buf, release = self.staging.alloc(n)
             self.bridge.broadcast(buf, 0)
             return buf, release
-        on_device = getattr(self.bridge, "on_device", False)
+        on_device = self.bridge.on_device
         buf = comm.device_empty(n) if on_device else torch.empty(n, dtype=torch.uint8)
         self.bridge.broadcast(buf, 0)
         if not on_device and buf.device != self.device:

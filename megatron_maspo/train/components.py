@@ -78,7 +78,7 @@ def _load_hf(chunks, *, spec, groups, src):
     load_hf_weights(chunks, spec, groups, src)
 
 
-def build_engine(cfg: MaspoConfig, spec: ArchSpec, tokenizer: Any = None, gpus: tuple[int, ...] | None = None, *,
+def build_engine(cfg: MaspoConfig, spec: ArchSpec, gpus: tuple[int, ...] | None = None, *,
                  colocated: bool = True):
     """The rollout engine of ``rollout.engine`` (on engine-owning ranks only): ``rollout/engines.py``'s
     builder with this run's sections. Weights arrive through the first sync.
@@ -118,7 +118,7 @@ def build_rollout_source(cfg: MaspoConfig, *, pools: JobPools | None, rank: int,
         return build_remote_side(pools, rollout=cfg.rollout, train=cfg.train, state=state,
                                  version_offset=version_offset)
     engine_id = fleet.engine_of(rank)
-    build = (partial(build_engine, cfg, spec, tokenizer, gpus=owner_gpus(fleet, rank))
+    build = (partial(build_engine, cfg, spec, gpus=owner_gpus(fleet, rank))
              if engine_id is not None else None)
     # ``start_engine(build)`` runs on every rank (its barriers are collective): Colocation.start_engine
     engine = start_engine(build) if start_engine is not None else (build() if build is not None else None)

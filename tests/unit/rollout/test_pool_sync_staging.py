@@ -16,6 +16,7 @@ class _FakeBridge:
     """The receiving end of the ``weights`` bridge, fed from a queue (the sender's messages, in order)."""
 
     device = torch.device("cpu")
+    on_device = False  # a host bridge (comm.Bridge(device=False))
 
     def __init__(self) -> None:
         self.msgs: queue.Queue = queue.Queue()

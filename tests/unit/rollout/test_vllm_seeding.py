@@ -90,5 +90,5 @@ def test_from_config_follows_train_deterministic(make_engine):
     for recipe, per_request in (("tiny", True), ("r1_distill_qwen_7b_maspo", False)):
         cfg = load_recipe(recipe)
         cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, engine="vllm"))
-        engine = build_engine(cfg, spec, None)  # the trainer's builder passes train.deterministic through
+        engine = build_engine(cfg, spec)  # the trainer's builder passes train.deterministic through
         assert isinstance(engine, VllmEngine) and engine.seed_per_request is per_request
