@@ -32,8 +32,9 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron_maspo.model.gdn_dims import GdnDims
 from megatron_maspo.model.gdn_kernels import chunk_gated_delta_rule
-from megatron_maspo.model.gdn_layout import GdnDims, conv_rows_for_rank
+from megatron_maspo.model.gdn_layout import conv_rows_for_rank
 from megatron_maspo.model.gdn_ops import gated_rmsnorm, packed_causal_conv1d
 
 

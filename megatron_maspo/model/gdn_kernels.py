@@ -1,7 +1,9 @@
 """Which gated-delta-rule kernel the trainer's Gated DeltaNet runs: ``fla`` (triton, GPU) or pure torch.
 
 ``fla`` (flash-linear-attention, installed by the ``gdn`` extra on GPU machines) has a varlen chunked
-kernel with its own backward; it runs only on CUDA tensors. The pure-torch path
+kernel with its own backward (``fla.ops.gated_delta_rule.chunk_gated_delta_rule``, fla-core 0.6: q/k
+``[1, T, H, d_k]``, ``cu_seqlens`` ``[N+1]``, q/k L2 norm and the ``d_k^-1/2`` scale inside, as here);
+it runs only on CUDA tensors. The pure-torch path
 (:func:`megatron_maspo.model.gdn_ops.packed_chunk_gated_delta_rule`) runs anywhere and is the
 reference. :func:`gdn_backend` picks: ``"auto"`` takes fla for CUDA inputs when it imports, torch
 otherwise; ``"torch"`` and ``"fla"`` force one (``"fla"`` without fla, or on CPU, is an error, never a
@@ -51,10 +53,12 @@ def _fla_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     """fla's varlen chunked kernel on one packed row: same arguments and result as the torch path."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    cu = torch.tensor(list(bounds), dtype=torch.long, device=q.device)
+    # zero-length entries dropped (fla wants strictly increasing bounds); the host copy spares a sync
+    host = torch.tensor(sorted(set(int(b) for b in bounds)), dtype=torch.long)
     o, _ = chunk_gated_delta_rule(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g=g.float().unsqueeze(0),
                                   beta=beta.unsqueeze(0), scale=q.shape[-1] ** -0.5, initial_state=None,
-                                  output_final_state=False, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+                                  output_final_state=False, use_qk_l2norm_in_kernel=True,
+                                  cu_seqlens=host.to(q.device), cu_seqlens_cpu=host)
     return o[0]
 
 
