@@ -88,6 +88,13 @@ class GatedDeltaNet(MegatronModule):
         for p in (self.conv_weight, self.A_log, self.dt_bias):
             tensor_parallel.set_tensor_model_parallel_attributes(p, is_parallel=True, dim=0, stride=1)
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None
+                           ) -> dict:
+        """Dist-checkpoint tensors, resharding across TP sizes (``model/gdn_ckpt.py``)."""
+        from megatron_maspo.model.gdn_ckpt import gdn_sharded_state_dict
+
+        return gdn_sharded_state_dict(self, prefix, sharded_offsets, metadata)
+
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 packed_seq_params: Any = None, inference_context: Any = None, **_: Any
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -54,6 +54,10 @@ def gdn_dims(spec: ArchSpec, **overrides: Any) -> GdnDims:
 def transformer_kwargs(spec: ArchSpec) -> dict[str, Any]:
     """``TransformerConfig`` fields of the hybrid features (empty for a plain spec)."""
     kw: dict[str, Any] = {}
+    if spec.is_hybrid:
+        from megatron_maspo.model.mcore_compat import per_layer_checkpoint_kwargs
+
+        kw.update(per_layer_checkpoint_kwargs())  # layers differ: one checkpoint key per layer
     if spec.attention_output_gate:
         kw["attention_output_gate"] = True
     if spec.moe_shared_expert_gate:
