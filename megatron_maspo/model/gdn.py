@@ -16,7 +16,7 @@ Tensor parallelism (rank ``r`` of ``tp``) splits heads: the rank keeps key heads
 ``[r·n_k/tp, (r+1)·n_k/tp)`` and the value heads that read them. Its slice of the fused input
 projection (``ColumnParallelLinear``, ``[P/tp, h]``) is laid out
 ``[q_r | k_r | v_r | z_r | b_r | a_r]`` (``gdn_layout`` builds it from HF's separate projections),
-its conv channels ``[q_r | k_r | v_r]``, ``A_log``/``dt_bias`` its value heads; the output
+its conv rows (``[C/tp, 1, K]``, HF's conv layout) ``[q_r | k_r | v_r]``, ``A_log``/``dt_bias`` its value heads; the output
 projection is row-parallel. The norm weight is shared by all heads, so its gradient is summed over
 TP in backward (identity forward).
 """
@@ -74,15 +74,15 @@ class GatedDeltaNet(MegatronModule):
             init_method=config.output_layer_init_method, bias=False, input_is_parallel=True,
             skip_bias_add=True, tp_group=self.tp_group)
         # Full-size draws from the (TP-identical) default generator, then this rank's slice: the
-        # same seed gives the same model at every TP size.
-        k = dims.conv_kernel
-        conv = torch.empty(dims.conv_channels(), k).uniform_(-1 / math.sqrt(k), 1 / math.sqrt(k))
-        a_log = torch.empty(dims.num_value_heads).uniform_(1.0, 16.0).log()
-        dev = torch.device("cpu") if config.use_cpu_initialization else torch.cuda.current_device()
-        dtype = config.params_dtype
-        self.conv_weight = torch.nn.Parameter(conv[conv_rows_for_rank(dims, tp, rank)].to(dev, dtype))
-        heads = slice(rank * self.n_v, (rank + 1) * self.n_v)
-        self.A_log = torch.nn.Parameter(a_log[heads].to(dev, dtype))
+        # same seed gives the same model at every TP size. ``device=None`` keeps the ambient device
+        # (the meta device under ``maspo check``).
+        k, dtype = dims.conv_kernel, config.params_dtype
+        dev = None if config.use_cpu_initialization else torch.cuda.current_device()
+        conv = torch.empty(dims.conv_channels(), k, device=dev).uniform_(-1 / math.sqrt(k), 1 / math.sqrt(k))
+        a_log = torch.empty(dims.num_value_heads, device=dev).uniform_(1.0, 16.0).log()
+        rows = conv_rows_for_rank(dims, tp, rank).to(conv.device)
+        self.conv_weight = torch.nn.Parameter(conv.index_select(0, rows).unsqueeze(1).to(dtype))  # [C/tp, 1, K]
+        self.A_log = torch.nn.Parameter(a_log[rank * self.n_v:(rank + 1) * self.n_v].to(dtype))
         self.dt_bias = torch.nn.Parameter(torch.ones(self.n_v, device=dev, dtype=dtype))
         self.out_norm_weight = torch.nn.Parameter(torch.ones(dims.value_head_dim, device=dev, dtype=dtype))
         for p in (self.conv_weight, self.A_log, self.dt_bias):
@@ -119,7 +119,7 @@ class GatedDeltaNet(MegatronModule):
         q, k, v, z, beta, a = x.split(self.parts, dim=-1)
         dk, dv = self.dims.key_head_dim, self.dims.value_head_dim
         nq = self.parts[0] + self.parts[1]
-        qkv = packed_causal_conv1d(torch.cat([q, k, v], dim=-1), self.conv_weight, bounds)
+        qkv = packed_causal_conv1d(torch.cat([q, k, v], dim=-1), self.conv_weight[:, 0], bounds)
         rep = self.n_v // self.n_k
         q = qkv[:, :self.parts[0]].reshape(-1, self.n_k, dk).repeat_interleave(rep, dim=1)
         k = qkv[:, self.parts[0]:nq].reshape(-1, self.n_k, dk).repeat_interleave(rep, dim=1)

@@ -73,12 +73,12 @@ def split_in_proj(fused: torch.Tensor, dims: GdnDims, tp: int
 
 
 def fuse_conv(conv: torch.Tensor, dims: GdnDims, tp: int) -> torch.Tensor:
-    """HF ``conv1d.weight`` ``[C, 1, K]`` (or ``[C, K]``) → the trainer's ``[C, K]`` in rank order."""
-    return conv.reshape(conv.shape[0], -1)[conv_order(dims, tp)]
+    """HF ``conv1d.weight`` ``[C, 1, K]`` → the trainer's ``[C, 1, K]`` with its rows in rank order."""
+    return conv[conv_order(dims, tp)]
 
 
 def split_conv(fused: torch.Tensor, dims: GdnDims, tp: int) -> torch.Tensor:
     """Inverse of :func:`fuse_conv`: HF's ``[C, 1, K]``."""
     hf = torch.empty_like(fused)
     hf[conv_order(dims, tp)] = fused
-    return hf.unsqueeze(1)
+    return hf

@@ -46,7 +46,7 @@ class GdnInProj:
 @dataclass(frozen=True)
 class GdnConv:
     """HF ``conv1d.weight`` ``[C, 1, K]`` (channels ``q | k | v``) <-> the trainer's ``conv_weight``
-    ``[C, K]`` in rank order (rank r: ``[q_r | k_r | v_r]``)."""
+    ``[C, 1, K]`` with rows in rank order (rank r: ``[q_r | k_r | v_r]``)."""
 
     hf: str
     mcore: str

@@ -121,7 +121,7 @@ def test_layout_round_trip_and_rank_slices(tp):
     assert torch.equal(mine, want.float())
     conv = torch.randn(rows, 1, 4)
     assert torch.equal(split_conv(fuse_conv(conv, DIMS, tp), DIMS, tp), conv)
-    assert torch.equal(fuse_conv(conv, DIMS, tp).chunk(tp)[r], conv[conv_rows_for_rank(DIMS, tp, r), 0])
+    assert torch.equal(fuse_conv(conv, DIMS, tp).chunk(tp)[r], conv[conv_rows_for_rank(DIMS, tp, r)])
 
 
 def test_dims_validation():
