@@ -47,9 +47,11 @@ def _split_factory(sh_ten: Any, sizes: tuple[int, ...], names: tuple[str, ...]) 
 
 def gdn_sharded_state_dict(module: Any, prefix: str, sharded_offsets: tuple, metadata: dict | None) -> dict:
     """``GatedDeltaNet.sharded_state_dict``: own parameters, the two projections, fused parts split."""
-    from megatron.core.transformer.utils import (ensure_metadata_has_dp_cp_group,
-                                                 make_sharded_tensors_for_checkpoint,
-                                                 sharded_state_dict_default)
+    from megatron.core.transformer.utils import (
+        ensure_metadata_has_dp_cp_group,
+        make_sharded_tensors_for_checkpoint,
+        sharded_state_dict_default,
+    )
 
     metadata = ensure_metadata_has_dp_cp_group(metadata)
     own: dict = {}

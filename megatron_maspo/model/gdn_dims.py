@@ -64,5 +64,17 @@ class GdnDims:
 
     def recurrent_state_numel(self) -> int:
         """Elements one sequence holds in one layer while decoding: delta state + conv window."""
-        state = self.num_value_heads * self.key_head_dim * self.value_head_dim
-        return state + self.conv_channels() * (self.conv_kernel - 1)
+        return self.delta_state_numel() + self.conv_state_numel()
+
+    def delta_state_numel(self) -> int:
+        """Elements of one sequence's delta-rule state in one layer: ``n_v · d_k · d_v``."""
+        return self.num_value_heads * self.key_head_dim * self.value_head_dim
+
+    def conv_state_numel(self) -> int:
+        """Elements of one sequence's conv window in one layer: ``C · (K − 1)``."""
+        return self.conv_channels() * (self.conv_kernel - 1)
+
+    def decode_state_bytes(self, conv_bytes: int) -> int:
+        """Bytes one sequence holds in one layer while decoding: the delta state in fp32 (transformers,
+        fla and vLLM keep it in fp32 whatever the model dtype) and the conv window at ``conv_bytes``."""
+        return 4 * self.delta_state_numel() + conv_bytes * self.conv_state_numel()

@@ -93,8 +93,10 @@ def hybrid_block_spec(spec: ArchSpec, tcfg: Any, layer: Any, *, vp_stage: int | 
         vp_stage, pp_rank: this chunk's virtual stage and pipeline rank.
     """
     from megatron.core.transformer.spec_utils import ModuleSpec
-    from megatron.core.transformer.transformer_block import (TransformerBlockSubmodules,
-                                                             get_num_layers_to_build)
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     from megatron_maspo.model.gdn import GatedDeltaNet

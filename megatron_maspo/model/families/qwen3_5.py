@@ -7,9 +7,9 @@ zero-centred (``1 + w``); the GDN's own output norm is not. The MoE variant has 
 experts with normalised top-k probabilities in every layer plus one shared expert scaled by
 ``sigmoid(shared_expert_gate(x))``.
 
-This module reads the text configs ``qwen3_5_text`` / ``qwen3_5_moe_text`` (``Qwen3_5ForCausalLM`` /
-``Qwen3_5MoeForCausalLM``, what ``save_pretrained`` writes: per-expert keys). Presets: the published
-checkpoints' text configs.
+This module declares the dense family (``qwen3_5_text``, ``Qwen3_5ForCausalLM``) and what the MoE one
+(``qwen3_5_moe.py``) shares with it. Presets: the published checkpoints' text configs
+(``qwen3_5_presets.py``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from typing import Any
 from megatron_maspo.model.families import llama_style
 from megatron_maspo.model.families.declaration import ModelFamily, SpecFields
 from megatron_maspo.model.families.hybrid_names import GatedQKV, GdnConv, GdnInProj
-from megatron_maspo.model.families.names import Direct, Entry, FamilyTable, GatedMLP
-from megatron_maspo.model.families.qwen3_5_presets import DENSE_PRESETS, MOE_PRESETS
-from megatron_maspo.model.families.qwen3_moe import MOE_MLP
+from megatron_maspo.model.families.names import Direct, Entry, FamilyTable
+from megatron_maspo.model.families.qwen3_5_presets import DENSE_PRESETS
 from megatron_maspo.model.gdn_dims import GdnDims
 
 _L = "model.layers.{layer}."
@@ -49,16 +48,10 @@ FULL: tuple[Entry, ...] = (
     Direct(_A + "o_proj.weight", _S + "linear_proj.weight", split=1),
 )
 PRE_MLP_NORM = Direct(_L + "post_attention_layernorm.weight", _M + "pre_mlp_layernorm.weight")
-_SE, _MS = _L + "mlp.shared_expert.", _M + "mlp.shared_experts."
-SHARED_EXPERT: tuple[Entry, ...] = (
-    GatedMLP(_SE + "gate_proj.weight", _SE + "up_proj.weight", _MS + "linear_fc1.weight"),
-    Direct(_SE + "down_proj.weight", _MS + "linear_fc2.weight", split=1),
-    Direct(_L + "mlp.shared_expert_gate.weight", _MS + "gate_weight"),
-)
 KINDS = {"linear_attention": "linear", "full_attention": "full"}
 
 
-def _common(cfg: Any, d: dict) -> SpecFields:
+def common_fields(cfg: Any, d: dict) -> SpecFields:
     if getattr(cfg, "attention_bias", False):
         raise ValueError("qwen3_5 with attention_bias=True is not supported")
     kinds = list(cfg.layer_types)
@@ -76,18 +69,10 @@ def _common(cfg: Any, d: dict) -> SpecFields:
 
 
 def _dense_from_hf(cfg: Any, d: dict) -> SpecFields:
-    return dict(llama_style.spec_fields(cfg, d), **_common(cfg, d))
+    return dict(llama_style.spec_fields(cfg, d), **common_fields(cfg, d))
 
 
-def _moe_from_hf(cfg: Any, d: dict) -> SpecFields:
-    cfg.intermediate_size = cfg.moe_intermediate_size  # no dense layers: the field is unused
-    return dict(llama_style.spec_fields(cfg, d), **_common(cfg, d), num_moe_experts=cfg.num_experts,
-                moe_ffn_hidden_size=cfg.moe_intermediate_size, moe_router_topk=cfg.num_experts_per_tok,
-                moe_norm_topk_prob=True, moe_shared_expert_intermediate_size=cfg.shared_expert_intermediate_size,
-                moe_shared_expert_gate=True)
-
-
-def _config_json(spec: Any) -> dict[str, Any]:
+def config_json(spec: Any) -> dict[str, Any]:
     if not (spec.attention_output_gate and spec.zero_centered_norm and spec.layer_types):
         raise ValueError(f"ArchSpec(family={spec.family!r}) must have attention_output_gate, "
                          "zero_centered_norm and layer_types: HF Qwen3.5 always has them")
@@ -103,35 +88,25 @@ def _config_json(spec: Any) -> dict[str, Any]:
 
 
 def _dense_to_hf(spec: Any) -> dict[str, Any]:
-    return _config_json(spec)
-
-
-def _moe_to_hf(spec: Any) -> dict[str, Any]:
-    if not spec.moe_norm_topk_prob or not spec.moe_shared_expert_gate:
-        raise ValueError("HF Qwen3.5-MoE always normalises top-k probabilities and gates its shared expert")
-    d = _config_json(spec)
-    d.pop("intermediate_size")
-    return dict(d, num_experts=spec.num_moe_experts, moe_intermediate_size=spec.moe_ffn_hidden_size,
-                num_experts_per_tok=spec.moe_router_topk,
-                shared_expert_intermediate_size=spec.moe_shared_expert_intermediate_size,
-                output_router_logits=False, router_aux_loss_coef=0.0)
+    return config_json(spec)
 
 
 def recurrent_state_bytes(spec: Any, bytes_per_element: int) -> int:
-    """Decode state of one sequence over all linear layers: delta state + conv window."""
+    """Decode state of one sequence over all linear layers: the fp32 delta state and the conv window
+    at ``bytes_per_element`` (the model dtype)."""
     n_linear = sum(1 for k in spec.layer_types or () if k == "linear")
     if not n_linear:
         return 0
-    return n_linear * GdnDims(**spec.linear_attention).recurrent_state_numel() * bytes_per_element
+    return n_linear * GdnDims(**spec.linear_attention).decode_state_bytes(bytes_per_element)
 
 
-_TINY = dict(llama_style.TINY_COMMON, num_hidden_layers=4, head_dim=16, tie_word_embeddings=False,
+TINY = dict(llama_style.TINY_COMMON, num_hidden_layers=4, head_dim=16, tie_word_embeddings=False,
              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
              linear_conv_kernel_dim=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.25})
-_BY_KIND = {"linear": LINEAR, "full": FULL}
+BY_KIND = {"linear": LINEAR, "full": FULL}
 
-DENSE = ModelFamily(
+FAMILY = ModelFamily(
     name="qwen3_5",
     display_name="Qwen3.5",
     model_types=("qwen3_5_text",),
@@ -140,28 +115,8 @@ DENSE = ModelFamily(
     from_hf=_dense_from_hf,
     to_hf=_dense_to_hf,
     qk_norm=True,
-    tiny=_TINY,
+    tiny=TINY,
     presets=DENSE_PRESETS,
-    layer_names_by_kind=_BY_KIND,
-    recurrent_state_bytes=recurrent_state_bytes,
-)
-
-MOE = ModelFamily(
-    name="qwen3_5_moe",
-    display_name="Qwen3.5-MoE",
-    model_types=("qwen3_5_moe_text",),
-    architectures=("Qwen3_5MoeForCausalLM",),
-    names=FamilyTable("qwen3_5_moe", llama_style.PRE, (PRE_MLP_NORM, *MOE_MLP, *SHARED_EXPERT),
-                      llama_style.POST),
-    from_hf=_moe_from_hf,
-    to_hf=_moe_to_hf,
-    qk_norm=True,
-    moe=True,
-    shared_experts=True,
-    tiny={k: v for k, v in _TINY.items() if k != "intermediate_size"} | dict(
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
-        router_aux_loss_coef=0.0),
-    presets=MOE_PRESETS,
-    layer_names_by_kind=_BY_KIND,
+    layer_names_by_kind=BY_KIND,
     recurrent_state_bytes=recurrent_state_bytes,
 )

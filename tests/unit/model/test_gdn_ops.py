@@ -10,10 +10,19 @@ import torch
 import torch.nn.functional as F
 
 from megatron_maspo.model import gdn_kernels
-from megatron_maspo.model.gdn_layout import (GdnDims, conv_rows_for_rank, fuse_conv, fuse_in_proj,
-                                             split_conv, split_in_proj)
-from megatron_maspo.model.gdn_ops import (packed_causal_conv1d, packed_chunk_gated_delta_rule,
-                                          recurrent_gated_delta_rule)
+from megatron_maspo.model.gdn_layout import (
+    GdnDims,
+    conv_rows_for_rank,
+    fuse_conv,
+    fuse_in_proj,
+    split_conv,
+    split_in_proj,
+)
+from megatron_maspo.model.gdn_ops import (
+    packed_causal_conv1d,
+    packed_chunk_gated_delta_rule,
+    recurrent_gated_delta_rule,
+)
 
 BOUNDS = [0, 11, 13, 13, 36]  # 11, 2, an empty entry, 23
 

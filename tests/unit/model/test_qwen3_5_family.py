@@ -37,8 +37,8 @@ def test_recurrent_state_bytes():
     from megatron_maspo.model.families.registry import get_family
 
     spec = arch_spec_from_hf(make_tiny_hf_model("qwen3_5")[1])
-    # 3 linear layers x (4 heads x 16 x 16 state + (2·32 + 64) conv channels x 3 taps), bf16
-    assert get_family("qwen3_5").recurrent_state_bytes(spec, 2) == 3 * (4 * 16 * 16 + 128 * 3) * 2
+    # 3 linear layers x (4 heads x 16 x 16 fp32 state + (2·32 + 64) conv channels x 3 bf16 taps)
+    assert get_family("qwen3_5").recurrent_state_bytes(spec, 2) == 3 * (4 * 16 * 16 * 4 + 128 * 3 * 2)
 
 
 def test_unsupported_configs_are_refused():

