@@ -46,10 +46,11 @@ def gated_qkv_split(fused: torch.Tensor, num_heads: int, num_groups: int,
 def shard(entry: object, hf: list[torch.Tensor], spec: ArchSpec, tp: int, rank: int) -> torch.Tensor:
     """TP rank ``rank``'s Megatron tensor of a hybrid entry from its full HF tensors."""
     if isinstance(entry, GatedQKV):
-        return tp_shard(gated_qkv_fuse(*hf, spec.num_attention_heads, spec.num_query_groups), 0, tp, rank)
+        return tp_shard(gated_qkv_fuse(hf[0], hf[1], hf[2], spec.num_attention_heads, spec.num_query_groups),
+                        0, tp, rank)
     dims = _dims(spec)
     if isinstance(entry, GdnInProj):
-        return gdn_layout.fuse_in_proj(*hf, dims, tp).chunk(tp, 0)[rank]
+        return gdn_layout.fuse_in_proj(hf[0], hf[1], hf[2], hf[3], dims, tp).chunk(tp, 0)[rank]
     assert isinstance(entry, GdnConv)
     return gdn_layout.fuse_conv(hf[0], dims, tp).chunk(tp, 0)[rank]
 

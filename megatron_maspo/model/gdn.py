@@ -67,11 +67,12 @@ class GatedDeltaNet(MegatronModule):
         self.n_k, self.n_v = dims.num_key_heads // tp, dims.num_value_heads // tp
         h = config.hidden_size
         self.in_proj = tensor_parallel.ColumnParallelLinear(
-            h, sum(dims.part_sizes()), config=config, init_method=config.init_method, bias=False,
+            h, sum(dims.part_sizes()), config=config, init_method=config.init_method,  # type: ignore[arg-type]
+            bias=False,
             gather_output=False, skip_bias_add=True, tp_group=self.tp_group)
         self.out_proj = tensor_parallel.RowParallelLinear(
             dims.num_value_heads * dims.value_head_dim, h, config=config,
-            init_method=config.output_layer_init_method, bias=False, input_is_parallel=True,
+            init_method=config.output_layer_init_method, bias=False, input_is_parallel=True,  # type: ignore[arg-type]
             skip_bias_add=True, tp_group=self.tp_group)
         # Full-size draws from the (TP-identical) default generator, then this rank's slice: the
         # same seed gives the same model at every TP size. ``device=None`` keeps the ambient device

@@ -42,7 +42,7 @@ def _split_factory(sh_ten: Any, sizes: tuple[int, ...], names: tuple[str, ...]) 
     def merge(parts: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat(parts)
 
-    return ShardedTensorFactory(sh_ten.key, sh_ten.data, build, merge, sh_ten.replica_id)
+    return ShardedTensorFactory(sh_ten.key, sh_ten.data, build, merge, sh_ten.replica_id)  # type: ignore[arg-type]
 
 
 def gdn_sharded_state_dict(module: Any, prefix: str, sharded_offsets: tuple, metadata: dict | None) -> dict:

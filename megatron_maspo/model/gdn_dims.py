@@ -4,6 +4,7 @@ architecture spec and the layer read one definition (``gdn.GatedDeltaNet``, ``gd
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,11 +36,11 @@ class GdnDims:
                              f"num_key_heads={self.num_key_heads}")
 
     @classmethod
-    def from_hf(cls, cfg: object, **overrides: object) -> GdnDims:
+    def from_hf(cls, cfg: Any, **overrides: Any) -> GdnDims:
         """Read the ``linear_*`` fields of a transformers Qwen3.5 text config."""
         return cls(num_key_heads=cfg.linear_num_key_heads, num_value_heads=cfg.linear_num_value_heads,
                    key_head_dim=cfg.linear_key_head_dim, value_head_dim=cfg.linear_value_head_dim,
-                   conv_kernel=cfg.linear_conv_kernel_dim, **overrides)  # type: ignore[attr-defined,arg-type]
+                   conv_kernel=cfg.linear_conv_kernel_dim, **overrides)
 
     def check_tp(self, tp: int) -> None:
         """Raise ``ValueError`` unless ``tp`` divides the key heads (hence the value heads)."""

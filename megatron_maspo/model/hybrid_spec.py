@@ -108,6 +108,6 @@ def hybrid_block_spec(spec: ArchSpec, tcfg: Any, layer: Any, *, vp_stage: int | 
         linear.submodules.self_attention = ModuleSpec(module=GatedDeltaNet, params={"dims": gdn_dims(spec)})
     n = get_num_layers_to_build(tcfg, vp_stage=vp_stage, pp_rank=pp_rank)
     offset = get_transformer_layer_offset(tcfg, vp_stage=vp_stage, pp_rank=pp_rank)
-    specs = [linear if spec.layer_kind(i) == "linear" else full for i in range(offset, offset + n)]
-    norm = ZeroCenteredRMSNorm if spec.zero_centered_norm else layer.submodules.input_layernorm
+    specs: list[Any] = [linear if spec.layer_kind(i) == "linear" else full for i in range(offset, offset + n)]
+    norm: Any = ZeroCenteredRMSNorm if spec.zero_centered_norm else layer.submodules.input_layernorm
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=norm)
