@@ -6,7 +6,8 @@ Weight path (both devices): the trainer's sender rank calls :meth:`VllmEngine.lo
 goes to every vLLM worker through ``collective_rpc`` into :class:`MaspoWorkerExtension` (mixed into the
 workers via ``worker_extension_cls``), which verifies the crc32, rebuilds zero-copy views and feeds them to
 ``model.load_weights`` *inside vLLM's layer-wise reload* (``initialize_layerwise_reload`` before the first
-bucket, ``finalize_layerwise_reload`` after the last). That wrapper is what makes in-memory loading work on
+bucket, ``finalize_layerwise_reload`` after the last; vLLM 0.34 names them ``start_reload`` / ``finish_reload``:
+:mod:`~.vllm_reload` picks the installed spelling). That wrapper is what makes in-memory loading work on
 the CPU backend, whose linear weights are repacked after loading (a bare ``load_weights`` on the live model
 fails there): vLLM buffers each layer's checkpoint-format tensors and re-runs the post-load processing once
 the layer is complete. The prefix cache is reset after every sync.
@@ -42,6 +43,7 @@ from megatron_maspo.rollout.buckets import (
     unpack_bucket,
 )
 from megatron_maspo.rollout.types import Completion, SamplingParams
+from megatron_maspo.rollout.vllm_reload import reload_api
 
 logger = logging.getLogger(__name__)
 
@@ -53,14 +55,13 @@ class MaspoWorkerExtension:
 
     def maspo_begin_sync(self) -> None:
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
 
         model = self.model_runner.get_model()
         self._maspo_loaded: set[str] = set()
         self._maspo_crc: dict[str, int] = {}
         self._maspo_asm = Reassembler()  # pieces of tensors larger than a bucket, glued back in order
         with set_current_vllm_config(self.vllm_config):
-            initialize_layerwise_reload(model)
+            reload_api().start(model)
 
     def maspo_load_bucket(self, wire: dict, verify: bool = True) -> int:
         """Load one bucket sent as :func:`~.buckets.bucket_to_wire`; returns the number of tensors."""
@@ -109,19 +110,17 @@ class MaspoWorkerExtension:
         """Leave the layer-wise reload after a failed sync (layers that were not completed get their old
         tensors back); the model is then a mix of old and new weights and must be re-synced."""
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
 
         with set_current_vllm_config(self.vllm_config):
-            finalize_layerwise_reload(self.model_runner.get_model(), self.vllm_config.model_config)
+            reload_api().abort(self.model_runner.get_model(), self.vllm_config.model_config)
 
     def maspo_finish_sync(self) -> dict[str, int]:
         """Finish the reload, check every model parameter was written; returns ``{hf_name: crc32}`` received."""
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
 
         model = self.model_runner.get_model()
         with set_current_vllm_config(self.vllm_config):
-            finalize_layerwise_reload(model, self.vllm_config.model_config)
+            reload_api().finish(model, self.vllm_config.model_config)
             _refresh_tied_lm_head(model)
         self._maspo_asm.check_done()
         self.model_runner.reset_encoder_cache()
