@@ -161,6 +161,24 @@ def plan(sync_index: int, every: int) -> Callable[[int], Spec] | None:
     return lambda nblocks: Spec(min(every, nblocks), sync_index % min(every, nblocks))
 
 
+class Expected:
+    """The exported digests of one sync, collected from its buckets as an engine consumes them.
+
+    ``for b in expected.watch(buckets)`` passes the buckets through and records each one's
+    ``Bucket.digests``; after the load, :attr:`digests` holds ``{hf_name: [stride, phase, digest]}``
+    (empty when the sender did not verify this sync).
+    """
+
+    def __init__(self) -> None:
+        self.digests: dict[str, list[int]] = {}
+
+    def watch(self, buckets: Iterable) -> Iterable:
+        for b in buckets:
+            if b.digests:
+                self.digests.update(b.digests)
+            yield b
+
+
 def compare(expected: dict[str, list[int]], held: dict[str, int], *, engine: str, version: int) -> None:
     """Raise :class:`WeightVerifyError` (one line) for the first tensor whose held digest differs.
 

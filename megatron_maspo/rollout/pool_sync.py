@@ -5,7 +5,8 @@ buckets); on the training pool's sender its destination is a :class:`WeightSende
 bucket to every engine owner instead of loading it into a local engine. Two bridges on the same ranks
 (``rollout/pools.py``):
 
-    ``weights_ctl`` (host, gloo)   {"bucket": metas, crc, index, n}    per bucket, then {"end"} per sync,
+    ``weights_ctl`` (host, gloo)   {"bucket": metas, crc, index, n,    per bucket, then {"end"} per sync,
+                                    digests}
                                    {"stop"} once at the end
     ``weights`` (device, NCCL)     the n-byte bucket, GPU to GPU        posted only after its header
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -46,7 +48,7 @@ import torch
 
 from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.device import on_cuda
-from megatron_maspo.rollout.buckets import Bucket, meta_from_wire, meta_to_wire
+from megatron_maspo.rollout.buckets import Bucket, checksum, meta_from_wire, meta_to_wire
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +87,8 @@ class WeightSender:
         for b in buckets:
             try:
                 self.ctl.broadcast_object({"bucket": [meta_to_wire(m) for m in b.metas], "crc": b.checksum,
-                                           "index": b.index, "n": b.buffer.numel(), "verify": verify})
+                                           "index": b.index, "n": b.buffer.numel(), "verify": verify,
+                                           "digests": b.digests})
                 self.bridge.broadcast(b.buffer, 0)
             finally:
                 b.done()  # NCCL: the pool's next pack into this buffer is queued behind the broadcast
@@ -121,6 +124,7 @@ class WeightReceiver:
         self.error: BaseException | None = None
         self.received = 0
         """Syncs received so far (applied or staged)."""
+        self.applied: list[dict] = []  # per applied sync: its pause and verification cost (pop_applied)
         self._thread = threading.Thread(target=self._run, name="maspo-weight-receiver", daemon=True)
         self._thread.start()
 
@@ -154,9 +158,11 @@ class WeightReceiver:
                             break
                         buf, release = self._receive(msg["n"])
                         staged.append(Bucket(buf, [meta_from_wire(w) for w in msg["bucket"]], msg["crc"],
-                                             msg["index"], release=release))
+                                             msg["index"], release=release, digests=msg.get("digests")))
                         self._verify = bool(msg["verify"])
                     stream.synchronize()  # every payload landed before the engine loop reads one
+                    if self._verify:  # here, off the engine loop: a bad bucket never reaches the engine
+                        check_complete(staged)
                     for b in staged:
                         comm.record_for_default_stream(b.buffer)
                     with self._cond:
@@ -186,12 +192,23 @@ class WeightReceiver:
                 self._cond.notify_all()
         if slot is None:
             return False
+        t0 = time.perf_counter()
         try:
-            engine.load_buckets(slot, verify=self._verify)
+            # checksums were verified when the sync was staged (check_complete): only the copy-in (or the
+            # relay to vLLM's workers) and the digest verification pause the engine loop
+            engine.load_buckets(slot, verify=False)
         finally:
             for b in slot:  # pooled buffers back to the staging pool (no-op for those the engine released)
                 b.done()
+        self.applied.append({"engine_pause_s": time.perf_counter() - t0, "verify_s": engine.verify_s,
+                             "verify_full_s": engine.verify_full_s})
         return True
+
+    def pop_applied(self) -> list[dict]:
+        """Per sync applied since the last call: ``engine_pause_s`` (the engine loop's wall time in
+        :meth:`apply_staged`: no token is generated meanwhile), ``verify_s`` and ``verify_full_s``."""
+        out, self.applied = self.applied, []
+        return out
 
     def wait_for(self, ready: Callable[[], bool], engine: Any, *, timeout_s: float = 1800.0,
                  what: str = "weights", log_every_s: float = 300.0) -> bool:
@@ -227,3 +244,31 @@ class WeightReceiver:
 
     def join(self, timeout_s: float = 60.0) -> None:
         self._thread.join(timeout_s)
+
+
+def check_complete(staged: list[Bucket]) -> None:
+    """Before a staged sync may be activated: every bucket's crc32 matches (host buffers; device buffers
+    carry none) and every tensor's bytes arrived whole (each split tensor's pieces tile it in order).
+
+    Raises:
+        ValueError: naming the bucket or the tensor; the sync is then never handed to the engine.
+    """
+    got: dict[str, int] = {}
+    for b in staged:
+        if b.checksum is not None and not b.buffer.is_cuda:
+            crc = checksum(b.buffer)
+            if crc != b.checksum:
+                raise ValueError(f"weight-sync bucket {b.index} arrived corrupted: crc32 {crc:#010x} != sent "
+                                 f"{b.checksum:#010x}; the staged version is discarded")
+        for m in b.metas:
+            if m.offset + m.span > b.buffer.numel():
+                raise ValueError(f"tensor {m.name!r} spans beyond bucket {b.index} ({b.buffer.numel()} bytes)")
+            start = 0 if m.part is None else m.part[0]
+            if got.get(m.name, 0) != start:
+                raise ValueError(f"weight sync: tensor {m.name!r} bytes from {start} arrived after "
+                                 f"{got.get(m.name, 0)}; the staged version is discarded")
+            got[m.name] = start + m.span
+    size = {m.name: m.nbytes for b in staged for m in b.metas}
+    short = [n for n, nbytes in size.items() if got[n] != nbytes]
+    if short:
+        raise ValueError(f"weight sync ended with tensors incomplete: {sorted(set(short))[:4]}")

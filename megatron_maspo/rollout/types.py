@@ -97,6 +97,12 @@ class Engine(WeightSink, Protocol):
 
     device: Any
     """Where buckets for this engine are received in a disaggregated rollout pool (a ``torch.device``)."""
+    label: str
+    """Names the engine in errors (``"builtin engine 1"``)."""
+    verify_s: float
+    """Seconds the last sync's digest verification took (``rollout/digest.py``; 0 when not verified)."""
+    verify_full_s: float | None
+    """Seconds of the last verification that digested every tensor in full (None before one)."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, *,
                  progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
@@ -130,4 +136,9 @@ class Engine(WeightSink, Protocol):
 
     def shutdown(self) -> None:
         """Stop the engine's processes now (no-op for an in-process engine)."""
+        ...
+
+    def inject_fault(self, kind: str, name: str | None = None) -> None:
+        """Failure tests: after the next sync's load, corrupt (``"flip"``) or restore to its previous
+        value (``"stale"``) one parameter, so that the digest verification must stop the sync."""
         ...

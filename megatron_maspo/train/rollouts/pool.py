@@ -109,7 +109,9 @@ class RolloutWorker:
                                             timeout_s=self.rollout.pool_timeout_s,
                                             what=f"weight version {want}")
                      if self.receiver is not None else True)
-            if not all(comm.all_gather_object(alive)):  # any owner told to stop: the whole pool stops
+            applied = self.receiver.pop_applied() if self.receiver is not None else []
+            gathered = comm.all_gather_object((alive, applied))
+            if not all(a for a, _ in gathered):  # any owner told to stop: the whole pool stops
                 return made
             if self.faults is not None:
                 self.faults.at_step(target + 1)  # steps numbered from 1, as logged
@@ -119,7 +121,8 @@ class RolloutWorker:
             made += 1
             if self.batches is not None:
                 self.batches.broadcast_object({"batch": batch, "rounds": rounds, "busy_s": busy,
-                                               "order": order.state()}, 0)
+                                               "order": order.state(),
+                                               "applied": [s for _, a in gathered for s in a]}, 0)
         if self.receiver is not None:  # wait for the trainer's stop (its final syncs land in the slot)
             self.receiver.wait_for(lambda: False, self.shard.engine, timeout_s=self.rollout.pool_timeout_s)
         return made

@@ -40,6 +40,7 @@ class _Engine:
     def __init__(self) -> None:
         self.loads: list[list[tuple[bool, bytes]]] = []
         self.policy_version = 0
+        self.verify_s, self.verify_full_s = 0.0, None
 
     def load_buckets(self, buckets, *, verify=True):
         self.loads.append([(b.buffer.is_shared(), bytes(b.buffer.numpy())) for b in buckets])
