@@ -41,16 +41,16 @@ from dataclasses import dataclass
 
 import torch
 
+from megatron_maspo.errors import WeightVerifyError
+
+__all__ = ["BLOCK", "P", "Expected", "Spec", "WeightVerifyError", "compare", "digest", "plan", "read"]
+
 P = 2**31 - 1
 """The prime modulus (a Mersenne prime: residues fit int32, products of two fit int64)."""
 BLOCK = 4096
 """Words per block: the sampling unit (8 KiB of a 2-byte dtype)."""
 _ROWS = 1024
 """Blocks per chunk of work (bounds the int64 temporaries at 32 MiB)."""
-
-
-class WeightVerifyError(RuntimeError):
-    """An engine holds weights that differ from the trainer's export (one line: tensor, engine, sync)."""
 
 
 @dataclass(frozen=True)

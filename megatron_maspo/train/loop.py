@@ -165,6 +165,9 @@ class Trainer:
         release_cached_memory()  # before the engine wakes in the sync
         t_train = time.perf_counter() - t0
         mismatch = trainer_vs_engine_mismatch(samples, trained_version, self.groups)  # collective
+        fault = self.faults.weight_fault(self.step + 1)  # MASPO_FAULT=...,kind=flip_weight|stale_weight
+        if fault is not None and self.rollouts.shard is not None:
+            self.rollouts.shard.engine.inject_fault(fault)
         t_sync = self.sync()
         return {**self.rollouts.metrics(samples, trained_version), **_rename_actor_metrics(actor_metrics),
                 **mismatch, "time/train": t_train, "time/sync": t_sync,

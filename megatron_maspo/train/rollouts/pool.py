@@ -104,6 +104,9 @@ class RolloutWorker:
         k, made = self.rollout.max_staleness, 0
         last = self.train.steps + k - 1  # the schedule's last batch (the final checkpoint keeps k of them)
         for target in range(start["first_target"], last + 1):
+            fault = self.faults.weight_fault(target + 1) if self.faults is not None else None
+            if fault is not None and self.shard is not None:
+                self.shard.engine.inject_fault(fault)  # the next sync this engine applies (failure tests)
             want = needed_version(target, k)
             alive = (self.receiver.wait_for(lambda v=want: self._engine_version() >= v, self.shard.engine,
                                             timeout_s=self.rollout.pool_timeout_s,
