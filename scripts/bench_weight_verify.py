@@ -8,8 +8,9 @@ Three variants, interleaved in one world (machine noise hits all alike), ``--rep
 - ``full``:     every tensor digested in full (the CPU default, and the first sync on GPU).
 
 Printed per variant: the sync's wall time on the sender, its overhead over ``off`` (the sender's digests
-of the export plus the engine's digests of what it holds), and the engine's ``sync/verify_s``, each
-also as a % of the ``off`` time.
+of the export plus the engine's digests of what it holds; on a shared machine this difference is within
+the noise of the transfer), and the engine's ``sync/verify_s``, each also as a % of the ``off`` time.
+The sender digests the same tensors the engine does, so its cost is about ``sync/verify_s`` again.
 
 Usage: ``OMP_NUM_THREADS=1 python scripts/bench_weight_verify.py [--bucket-mb 64] [--reps 3]``
 """
@@ -44,15 +45,16 @@ def _worker(rank: int, world: int, bucket_mb: float, reps: int):
     nbytes = sum(p.numel() * p.element_size() for p in engine.model.parameters()) if engine else 0
     times: dict[str, list[float]] = {k: [] for k in VARIANTS}
     verify: dict[str, list[float]] = {k: [] for k in VARIANTS}
-    for _ in range(reps):
+    for rep in range(reps + 1):  # rep 0 warms up (first-touch page faults, allocator), not recorded
         for name, (index, every) in VARIANTS.items():
             torch.distributed.barrier()
             t0 = time.perf_counter()
             sync_weights(chunks, SPEC, groups, engine, bucket_bytes=bucket_bytes_from_mb(bucket_mb),
                          verify_checksums=False, digests=digest.plan(index, every))
             torch.distributed.barrier()
-            times[name].append(time.perf_counter() - t0)
-            verify[name].append(engine.verify_s if engine is not None else 0.0)
+            if rep:
+                times[name].append(time.perf_counter() - t0)
+                verify[name].append(engine.verify_s if engine is not None else 0.0)
     return {"bytes": nbytes, "times": times, "verify": verify} if rank == 0 else None
 
 
