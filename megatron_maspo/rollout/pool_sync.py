@@ -5,9 +5,8 @@ buckets); on the training pool's sender its destination is a :class:`WeightSende
 bucket to every engine owner instead of loading it into a local engine. Two bridges on the same ranks
 (``rollout/pools.py``):
 
-    ``weights_ctl`` (host, gloo)   {"bucket": metas, crc, index, n,    per bucket, then {"end"} per sync,
-                                    digests}
-                                   {"stop"} once at the end
+    ``weights_ctl`` (host, gloo)   {"bucket": metas, crc, index, n}    per bucket, then {"end"} per sync,
+                                   (+ "digests", rollout/digest.py)    {"stop"} once at the end
     ``weights`` (device, NCCL)     the n-byte bucket, GPU to GPU        posted only after its header
 
 Why two: an NCCL receive waiting for its sender holds the receiving thread's CUDA stream (``wait()``
@@ -161,8 +160,7 @@ class WeightReceiver:
                                              msg["index"], release=release, digests=msg.get("digests")))
                         self._verify = bool(msg["verify"])
                     stream.synchronize()  # every payload landed before the engine loop reads one
-                    if self._verify:  # here, off the engine loop: a bad bucket never reaches the engine
-                        check_complete(staged)
+                    check_complete(staged)  # here, off the engine loop: a bad sync never reaches it
                     for b in staged:
                         comm.record_for_default_stream(b.buffer)
                     with self._cond:
@@ -194,9 +192,9 @@ class WeightReceiver:
             return False
         t0 = time.perf_counter()
         try:
-            # checksums were verified when the sync was staged (check_complete): only the copy-in (or the
-            # relay to vLLM's workers) and the digest verification pause the engine loop
-            engine.load_buckets(slot, verify=False)
+            # the crc32s were checked when the sync was staged (check_complete cleared them): the engine
+            # loop pauses only for the copy-in (or the relay to vLLM's workers) and the digest check
+            engine.load_buckets(slot, verify=self._verify)
         finally:
             for b in slot:  # pooled buffers back to the staging pool (no-op for those the engine released)
                 b.done()
@@ -249,6 +247,7 @@ class WeightReceiver:
 def check_complete(staged: list[Bucket]) -> None:
     """Before a staged sync may be activated: every bucket's crc32 matches (host buffers; device buffers
     carry none) and every tensor's bytes arrived whole (each split tensor's pieces tile it in order).
+    A bucket whose crc32 matched has its ``checksum`` cleared: the engine need not compute it again.
 
     Raises:
         ValueError: naming the bucket or the tensor; the sync is then never handed to the engine.
@@ -260,6 +259,7 @@ def check_complete(staged: list[Bucket]) -> None:
             if crc != b.checksum:
                 raise ValueError(f"weight-sync bucket {b.index} arrived corrupted: crc32 {crc:#010x} != sent "
                                  f"{b.checksum:#010x}; the staged version is discarded")
+            b.checksum = None
         for m in b.metas:
             if m.offset + m.span > b.buffer.numel():
                 raise ValueError(f"tensor {m.name!r} spans beyond bucket {b.index} ({b.buffer.numel()} bytes)")
@@ -269,6 +269,6 @@ def check_complete(staged: list[Bucket]) -> None:
                                  f"{got.get(m.name, 0)}; the staged version is discarded")
             got[m.name] = start + m.span
     size = {m.name: m.nbytes for b in staged for m in b.metas}
-    short = [n for n, nbytes in size.items() if got[n] != nbytes]
+    short = sorted(n for n, nbytes in size.items() if got[n] != nbytes)
     if short:
-        raise ValueError(f"weight sync ended with tensors incomplete: {sorted(set(short))[:4]}")
+        raise ValueError(f"weight sync ended with tensors incomplete: {short[:4]}; the staged version is discarded")
