@@ -8,6 +8,7 @@ with one seeded generator per row (``sampling.py``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -59,6 +60,10 @@ class BuiltinEngine:
         self.verify_full_s: float | None = None
         """Seconds of the last verification that digested every tensor in full (None before one)."""
         self._fault: tuple[str, str | None] | None = None  # inject_fault: applied after the next load
+        self.defer_verify = False
+        """``load_buckets`` leaves the digest check to :meth:`deferred_check` (the rollout pool runs it
+        beside generation, so the engine loop pauses only for the copy-in)."""
+        self._pending: tuple[dict, int] | None = None  # (expected digests, version) awaiting deferred_check
 
     @classmethod
     def from_settings(cls, rollout: Any, model: Any, spec: Any, *, seed: int, deterministic: bool = True,
@@ -167,7 +172,19 @@ class BuiltinEngine:
         self.load_weights(unpack_stream(expected.watch(buckets), verify=verify))
         if fault is not None:
             _apply_fault(self._held(fault[1]), fault[0], before)
-        self.verify_weights(expected.digests)
+        if self.defer_verify:
+            self._pending = (expected.digests, self._version)
+        else:
+            self.verify_weights(expected.digests)
+
+    def deferred_check(self) -> Callable[[], None] | None:
+        """With :attr:`defer_verify`: the digest check of the last load, to run off the engine loop (the
+        caller must run it before the next load and before anything made with these weights leaves the
+        engine); None when nothing is pending."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        return functools.partial(self.verify_weights, pending[0], version=pending[1])
 
     def inject_fault(self, kind: str, name: str | None = None) -> None:
         """Failure tests (``MASPO_FAULT=...,kind=flip_weight|stale_weight``): after the next sync's load,
@@ -188,9 +205,10 @@ class BuiltinEngine:
         return params[slot[0]].data[slot[1]]
 
     @torch.no_grad()
-    def verify_weights(self, expected: dict[str, list[int]]) -> None:
+    def verify_weights(self, expected: dict[str, list[int]], *, version: int | None = None) -> None:
         """Digest what the model holds for every name in ``expected`` (``{name: [stride, phase, digest]}``)
-        and compare; records :attr:`verify_s` (and :attr:`verify_full_s` when every digest was full)."""
+        and compare; records :attr:`verify_s` (and :attr:`verify_full_s` when every digest was full).
+        ``version`` names the weight version in the error (default: the current one)."""
         self.verify_s = 0.0
         if not expected:
             return
@@ -203,7 +221,7 @@ class BuiltinEngine:
         self.verify_s = time.perf_counter() - t0
         if all(v[0] == 1 for v in expected.values()):
             self.verify_full_s = self.verify_s
-        digest.compare(expected, held, engine=self.label, version=self._version)
+        digest.compare(expected, held, engine=self.label, version=self._version if version is None else version)
 
     def sleep(self, level: int = 1) -> None:
         """Colocation hook (the KV cache lives only inside ``generate``, so it is already gone).

@@ -124,6 +124,8 @@ class WeightReceiver:
         self.received = 0
         """Syncs received so far (applied or staged)."""
         self.applied: list[dict] = []  # per applied sync: its pause and verification cost (pop_applied)
+        self._verifier: threading.Thread | None = None  # a deferred digest check in flight (settle)
+        self._verify_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="maspo-weight-receiver", daemon=True)
         self._thread.start()
 
@@ -190,6 +192,7 @@ class WeightReceiver:
                 self._cond.notify_all()
         if slot is None:
             return False
+        self.settle()  # the last sync's deferred check reads the parameters this load overwrites
         t0 = time.perf_counter()
         try:
             # the crc32s were checked when the sync was staged (check_complete cleared them): the engine
@@ -198,13 +201,46 @@ class WeightReceiver:
         finally:
             for b in slot:  # pooled buffers back to the staging pool (no-op for those the engine released)
                 b.done()
-        self.applied.append({"engine_pause_s": time.perf_counter() - t0, "verify_s": engine.verify_s,
-                             "verify_full_s": engine.verify_full_s})
+        entry = {"engine_pause_s": time.perf_counter() - t0, "verify_s": engine.verify_s,
+                 "verify_full_s": engine.verify_full_s}
+        self.applied.append(entry)
+        check = engine.deferred_check()
+        if check is not None:  # the digest check runs beside generation: the pause was the copy-in only
+            self._verifier = threading.Thread(target=self._check, args=(check, engine, entry),
+                                              name="maspo-weight-verifier", daemon=True)
+            self._verifier.start()
         return True
 
+    def _check(self, check: Callable[[], None], engine: Any, entry: dict) -> None:
+        """The verifier thread: a deferred digest check of the weights the engine now holds, on a stream
+        of its own behind the copy-in (which ran on the engine loop's default stream)."""
+        try:
+            if engine.device.type == "cuda":
+                torch.cuda.set_device(engine.device)  # a new thread starts on GPU 0
+            with comm.side_stream("weight verifier's stream") as stream:
+                if on_cuda():
+                    stream.wait_stream(torch.cuda.default_stream(engine.device))
+                check()
+            entry["verify_s"], entry["verify_full_s"] = engine.verify_s, engine.verify_full_s
+        except BaseException as e:  # re-raised in the engine loop by settle()
+            self._verify_error = e
+
+    def settle(self) -> None:
+        """Wait for the deferred digest check of the last applied sync and re-raise its failure
+        (``WeightVerifyError``). Call before anything made with those weights leaves the engine."""
+        if self._verifier is not None:
+            self._verifier.join()
+            self._verifier = None
+        if self._verify_error is not None:
+            err, self._verify_error = self._verify_error, None
+            raise err
+
     def pop_applied(self) -> list[dict]:
-        """Per sync applied since the last call: ``engine_pause_s`` (the engine loop's wall time in
-        :meth:`apply_staged`: no token is generated meanwhile), ``verify_s`` and ``verify_full_s``."""
+        """Per sync applied since the last call (after :meth:`settle`, which may raise):
+        ``engine_pause_s`` (the engine loop's wall time in :meth:`apply_staged`: no token is generated
+        meanwhile), ``verify_s`` (its digest check, in the pause or beside generation) and
+        ``verify_full_s``."""
+        self.settle()
         out, self.applied = self.applied, []
         return out
 

@@ -103,6 +103,9 @@ class Engine(WeightSink, Protocol):
     """Seconds the last sync's digest verification took (``rollout/digest.py``; 0 when not verified)."""
     verify_full_s: float | None
     """Seconds of the last verification that digested every tensor in full (None before one)."""
+    defer_verify: bool
+    """Leave the digest check of a load to :meth:`deferred_check` (run beside generation); engines that
+    cannot (vLLM: its workers are inside ``generate``) keep it False and check inside ``load_buckets``."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, *,
                  progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
@@ -136,6 +139,10 @@ class Engine(WeightSink, Protocol):
 
     def shutdown(self) -> None:
         """Stop the engine's processes now (no-op for an in-process engine)."""
+        ...
+
+    def deferred_check(self) -> Callable[[], None] | None:
+        """With ``defer_verify``: the last load's digest check (raises ``WeightVerifyError``), or None."""
         ...
 
     def inject_fault(self, kind: str, name: str | None = None) -> None:

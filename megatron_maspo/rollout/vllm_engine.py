@@ -262,6 +262,9 @@ class VllmEngine:
         self.verify_full_s: float | None = None
         """Seconds of the last verification that digested every tensor in full (None before one)."""
         self._fault: list | None = None  # inject_fault: [kind, vLLM parameter name] for the next sync
+        self.defer_verify = False
+        """Always False here: the workers are busy inside a blocking ``generate``, so the digest check
+        runs in ``load_buckets`` (part of the engine's pause)."""
         self.last_received_crc: dict[str, int] = {}
         """``{hf_name: crc32}`` of the tensors the workers received in the last sync (first worker)."""
 
@@ -374,6 +377,10 @@ class VllmEngine:
         self._stale = False
         self._version += 1
         self.verify_weights(expected.digests)
+
+    def deferred_check(self) -> None:
+        """Nothing is deferred (see :attr:`defer_verify`)."""
+        return None
 
     def inject_fault(self, kind: str, name: str | None = None) -> None:
         """Failure tests: after the next sync's load, ``"flip"`` flips the lowest bit of one element of the

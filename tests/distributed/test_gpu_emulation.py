@@ -130,6 +130,9 @@ class _HostEngine:
         self.policy_version, self.loads = 0, []
         self.verify_s, self.verify_full_s = 0.0, None
 
+    def deferred_check(self):
+        return None  # verifies nothing (no digests in these syncs)
+
     def load_buckets(self, buckets, *, verify=True) -> None:
         self.loads.append([bytes(b.buffer.numpy()) for b in buckets])
         self.policy_version += 1

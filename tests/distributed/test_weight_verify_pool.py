@@ -2,7 +2,9 @@
 real built-in engine), verified where they land:
 
 - an engine that corrupts one element, or keeps one parameter at its previous version, after loading
-  a staged sync stops in that sync's ``wait_for`` with the one-line error naming tensor and engine;
+  a staged sync stops with the one-line error naming tensor and engine: in that sync's ``wait_for``
+  when the check runs in the pause, at ``pop_applied`` (before the batch those weights made may leave)
+  when it runs beside generation (``defer_verify``, the rollout pool's setting for this engine);
 - a sender that dies half-way through a sync never leaves a half-applied version: the owner's
   ``wait_for`` raises, and the engine still holds the previous version, bitwise.
 """
@@ -46,7 +48,7 @@ def _engine():
     return engine
 
 
-def _faulty_engine_world(rank: int, world: int, port: int, kind: str):
+def _faulty_engine_world(rank: int, world: int, port: int, kind: str, defer: bool):
     from megatron_maspo.rollout import digest
     from megatron_maspo.rollout.buckets import pack_buckets
     from megatron_maspo.rollout.pool_sync import WeightReceiver, WeightSender
@@ -59,28 +61,34 @@ def _faulty_engine_world(rank: int, world: int, port: int, kind: str):
         sender.stop()
         return None
     engine = _engine()
+    engine.defer_verify = defer
     receiver = WeightReceiver(bridge, ctl)
     assert receiver.wait_for(lambda: engine.policy_version >= 1, engine, timeout_s=120)
     pause = receiver.pop_applied()
     engine.inject_fault(kind, "model.layers.0.self_attn.k_proj.weight")
+    error = where = None
     try:
         receiver.wait_for(lambda: engine.policy_version >= 2, engine, timeout_s=120)
-        error = None
+        where = "pop_applied"
+        receiver.pop_applied()
     except digest.WeightVerifyError as e:
-        error = str(e)
+        error, where = str(e), where or "wait_for"
     receiver.wait_for(lambda: False, engine, timeout_s=120)  # the stop message
     receiver.join()
-    return {"error": error, "pause": pause}
+    return {"error": error, "where": where, "pause": pause}
 
 
 def test_a_faulty_engine_stops_in_the_sync_that_loaded_it():
-    for kind in ("flip", "stale"):
-        _, owner = run_workers(_faulty_engine_world, 2, free_port(), kind, timeout_s=240)
+    for kind, defer in (("flip", False), ("stale", False), ("flip", True), ("stale", True)):
+        _, owner = run_workers(_faulty_engine_world, 2, free_port(), kind, defer, timeout_s=240)
         assert owner["error"] == owner["error"].splitlines()[0]
         assert owner["error"].startswith("weight verification failed on builtin engine 0: tensor "
                                          "'model.layers.0.self_attn.k_proj.weight' after weight version 2: digest")
+        assert owner["where"] == ("pop_applied" if defer else "wait_for")
         (first,) = owner["pause"]  # the first sync: activated in a measured pause, verified in full
-        assert first["engine_pause_s"] >= first["verify_s"] > 0 and first["verify_full_s"] == first["verify_s"]
+        assert first["engine_pause_s"] > 0 and first["verify_full_s"] == first["verify_s"] > 0
+        if not defer:  # checked inside the pause; deferred, it ran beside the (here idle) engine loop
+            assert first["engine_pause_s"] >= first["verify_s"]
 
 
 def _dying_sender(rank: int, world: int, port: int, out) -> None:

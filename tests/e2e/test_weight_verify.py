@@ -43,6 +43,7 @@ def test_the_disaggregated_run_logs_pause_and_verification(tmp_path):
     assert len(rows) == 3
     for r in rows:
         # every sync is verified in full on the CPU bench (rollout.verify_every=None -> 1)
+        # (the built-in engine checks beside generation: the pause is the copy-in alone)
         assert r["sync/verify_s"] == r["sync/verify_full_s"]
-        assert r["sync/engine_pause_s"] >= r["sync/verify_s"] >= 0
-    assert any(r["sync/verify_s"] > 0 for r in rows)
+        assert r["sync/engine_pause_s"] >= 0 and r["sync/verify_s"] >= 0
+    assert any(r["sync/verify_s"] > 0 for r in rows) and any(r["sync/engine_pause_s"] > 0 for r in rows)

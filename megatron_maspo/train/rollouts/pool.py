@@ -112,20 +112,22 @@ class RolloutWorker:
                                             timeout_s=self.rollout.pool_timeout_s,
                                             what=f"weight version {want}")
                      if self.receiver is not None else True)
-            applied = self.receiver.pop_applied() if self.receiver is not None else []
-            gathered = comm.all_gather_object((alive, applied))
-            if not all(a for a, _ in gathered):  # any owner told to stop: the whole pool stops
+            if not all(comm.all_gather_object(alive)):  # any owner told to stop: the whole pool stops
                 return made
             if self.faults is not None:
                 self.faults.at_step(target + 1)  # steps numbered from 1, as logged
             t0 = time.perf_counter()
             batch, rounds = maker.make(target, self._engine_version())
             busy = time.perf_counter() - t0
+            # the digest checks of the weights that made this batch (run beside it) must pass before it
+            # leaves: a WeightVerifyError ends this rank here, and the batch never reaches the trainer
+            applied = self.receiver.pop_applied() if self.receiver is not None else []
+            applied = [a for per in comm.all_gather_object(applied) for a in per]
             made += 1
             if self.batches is not None:
                 self.batches.broadcast_object({"batch": batch, "rounds": rounds, "busy_s": busy,
                                                "order": order.state(),
-                                               "applied": [s for _, a in gathered for s in a]}, 0)
+                                               "applied": applied}, 0)
         if self.receiver is not None:  # wait for the trainer's stop (its final syncs land in the slot)
             self.receiver.wait_for(lambda: False, self.shard.engine, timeout_s=self.rollout.pool_timeout_s)
         return made
@@ -172,6 +174,7 @@ def run_rollout_pool(pools: JobPools, *, rollout: RolloutConfig, model: Any, tra
         gpus = lay.placement(processes_per_node(lay.world))[engine_id].gpus
         engine = engines.build_engine(rollout, model, spec, seed=train.seed, deterministic=train.deterministic,
                                       gpus=gpus, colocated=False)
+        engine.defer_verify = engines.traits(rollout).verifies_beside_generation  # pause = copy-in only
         receiver = WeightReceiver(weights, ctl, device=engine.device, staging=engine.staging_pool())
         shard = make_shard(engine, engine_id=engine_id, fleet=fleet, tokenizer=tokenizer, examples=examples,
                            rollout=rollout, train=train, reward=reward, version_offset=0,

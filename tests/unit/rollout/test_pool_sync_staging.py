@@ -43,6 +43,9 @@ class _Engine:
         self.policy_version = 0
         self.verify_s, self.verify_full_s = 0.0, None
 
+    def deferred_check(self):
+        return None  # verifies nothing (no digests in these syncs)
+
     def load_buckets(self, buckets, *, verify=True):
         self.loads.append([(b.buffer.is_shared(), bytes(b.buffer.numpy())) for b in buckets])
         self.policy_version += 1
