@@ -130,6 +130,7 @@ class RolloutWorker:
                                                "applied": applied}, 0)
         if self.receiver is not None:  # wait for the trainer's stop (its final syncs land in the slot)
             self.receiver.wait_for(lambda: False, self.shard.engine, timeout_s=self.rollout.pool_timeout_s)
+            self.receiver.settle()  # the last deferred digest check, if any, still stops the job
         return made
 
 
