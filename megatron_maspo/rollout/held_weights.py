@@ -15,7 +15,9 @@ any dtype (each output is one product with 1.0 plus exact zeros). Pure torch (no
 worker extension in ``vllm_engine.py`` calls it.
 
 Only vLLM tensor parallelism 1 is read back here (a TP rank holds row or column shards whose place in
-the checkpoint tensor depends on the layer type); :func:`held_tensor` says so for TP > 1.
+the checkpoint tensor depends on the layer type); :func:`held_tensor` says so for TP > 1. Nor are
+vLLM's fused MoE experts (``w13_weight`` / ``w2_weight``, mapped by the model's expert mapping, not by
+``packed_modules_mapping``): the engine logs how many synced tensors it could not read back.
 """
 
 from __future__ import annotations
