@@ -61,6 +61,7 @@ class Spec:
     phase: int = 0
 
     def to_wire(self, value: int) -> list[int]:
+        """``[stride, phase, digest]``: how a digest travels in ``Bucket.digests`` and bucket headers."""
         return [self.stride, self.phase, int(value)]
 
 
@@ -84,8 +85,9 @@ def words(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.int16) if flat.element_size() >= 2 else flat.view(torch.uint8)
 
 
-def num_blocks(t_numel_words: int) -> int:
-    return -(-t_numel_words // BLOCK)
+def num_blocks(num_words: int) -> int:
+    """Blocks of a tensor of ``num_words`` words (:func:`words`), the last one possibly partial."""
+    return -(-num_words // BLOCK)
 
 
 def _rows_digest(rows: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:

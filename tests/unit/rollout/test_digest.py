@@ -10,7 +10,10 @@ import torch
 from megatron_maspo.rollout import digest as dg
 
 
-def _reference(t: torch.Tensor, spec: dg.Spec = dg.Spec()) -> int:
+FULL = dg.Spec()
+
+
+def _reference(t: torch.Tensor, spec: dg.Spec = FULL) -> int:
     """The module docstring's formula, element by element in Python ints (small tensors only)."""
     w = dg.words(t).tolist()
     b = [int(v) for v in dg._block_weights(torch.device("cpu")).tolist()]
