@@ -9,7 +9,6 @@ import torch
 
 from megatron_maspo.rollout import digest as dg
 
-
 FULL = dg.Spec()
 
 
