@@ -32,6 +32,12 @@ class RolloutConfig:
     cheap next to the transfer: the ``bytes`` transport and the built-in engine; off for the ``ipc``
     transport, where the worker maps the sender's buffer (crc32 would add two passes over the model on
     CPU, a device-to-host copy per bucket on GPU)."""
+    verify_every: int | None = None
+    """After a sync each engine digests the weights it holds and compares them with the trainer's export
+    (docs/weight-verification.md); a mismatch stops the job naming the tensor and the engine. N: every
+    N-th sync (the first included) digests every tensor in full, the syncs between digest a rotating
+    1/N sample of each tensor's 8 KiB blocks (every tensor at least one block). 1 = full every sync,
+    0 = off. None = 1 on the CPU bench, 64 on GPU."""
     weight_transport: str = "ipc"
     """vLLM only: ``"ipc"`` hands each bucket over as a shared buffer (shared memory on CPU, CUDA IPC on
     GPU; double-buffered); ``"bytes"`` (fallback) copies it into the RPC payload."""
@@ -110,6 +116,9 @@ class RolloutConfig:
         elif self.engine_ranks or self.in_flight_updates:
             raise ValueError("rollout.engine_ranks and rollout.in_flight_updates apply only to "
                              "rollout.placement=disaggregated")
+        if self.verify_every is not None and (not isinstance(self.verify_every, int)
+                                              or isinstance(self.verify_every, bool) or self.verify_every < 0):
+            raise ValueError(f"rollout.verify_every must be an integer >= 0 or None, got {self.verify_every!r}")
         if self.pool_timeout_s <= 0:
             raise ValueError(f"rollout.pool_timeout_s must be > 0, got {self.pool_timeout_s}")
         if self.in_flight_chunk_tokens < 0:
@@ -121,6 +130,15 @@ class RolloutConfig:
     def engine_tp(self) -> int:
         """GPUs per engine (``rollout/engines.py``: ``vllm_tp`` for vLLM, 1 for the built-in engine)."""
         return _engines.engine_tp(self)
+
+    @property
+    def verify_every_resolved(self) -> int:
+        """:attr:`verify_every` with None resolved: 64 where CUDA is present, else 1."""
+        if self.verify_every is not None:
+            return self.verify_every
+        from megatron_maspo.parallel.device import on_cuda
+
+        return 64 if on_cuda() else 1
 
     @property
     def disaggregated(self) -> bool:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -78,7 +79,7 @@ def joins_export(groups: ParallelGroups, sender_rank: int | Sequence[int] = 0) -
 
 def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: ParallelGroups, sink: WeightSink | None,
                  *, bucket_bytes: int, dtype: torch.dtype | None = None, verify_checksums: bool | None = True,
-                 sender_rank: int | Sequence[int] = 0) -> SyncStats:
+                 sender_rank: int | Sequence[int] = 0, digests: Callable[[int], Any] | None = None) -> SyncStats:
     """Push the current Megatron weights into every engine; collective over the replicas that feed one.
 
     Every rank calls it; ranks of TP x PP groups without an engine owner (other DP replicas, other CP
@@ -99,6 +100,8 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
         verify_checksums: compute crc32 per bucket here and verify it on the engine side; None = only where
             the bucket sits in host memory (:func:`checksums_default`).
         sender_rank: global rank(s) owning an engine.
+        digests: this sync's ``digest.plan`` (``rollout.verify_every``): the sender digests each exported
+            tensor and the engine checks what it holds against it; None = not verified.
 
     Returns:
         Counts and wall time on the sender; zeros on the other ranks.
@@ -124,7 +127,8 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
     pool = sink.bucket_pool(bucket_bytes)
     if verify_checksums is None:
         verify_checksums = checksums_default(shared=pool is not None)
-    buckets = _counted(pack_buckets(stream, bucket_bytes, with_checksum=verify_checksums, alloc=pool), stats)
+    buckets = _counted(pack_buckets(stream, bucket_bytes, with_checksum=verify_checksums, alloc=pool,
+                                    digests=digests), stats)
     if pool is not None:
         from megatron_maspo.rollout.transport import prefetch
 

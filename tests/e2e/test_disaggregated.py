@@ -173,7 +173,8 @@ def test_a_pool_of_two_engines_under_gpu_emulation_equals_the_plain_run(tmp_path
     """The issue-43 run: 1 trainer + 2 engines, each rank its own one-GPU node, under the GPU-semantics
     emulation (streams, host reads, group order, backends; docs/gpu-emulation.md). It completes, its
     per-step metrics equal the same run without emulation, and the trainer's sync moves no byte through
-    the host (``sync/host_copy_bytes`` = 0: device buckets over the device bridge)."""
+    the host: ``sync/host_copy_bytes`` is only the weight digests' values read for the bucket headers
+    (8 bytes per tensor, docs/weight-verification.md), the buckets go device to device."""
     sets = [*LEARNING, *K1, "train.steps=3"]
     emu = _env(MASPO_EMULATE_GPU="1", MASPO_EMULATE_GPUS_PER_NODE="1", MASPO_EMULATE_GPU_TIMEOUT_S="60")
     a = _torchrun(sets=[*sets, f"checkpoint.run_dir={tmp_path / 'plain'}"], nproc=3, engines=2)
@@ -182,7 +183,8 @@ def test_a_pool_of_two_engines_under_gpu_emulation_equals_the_plain_run(tmp_path
     assert b.returncode == 0, b.stderr[-3000:]
     assert "GPU emulation on" in b.stderr
     ra, rb = _metrics(tmp_path / "plain"), _metrics(tmp_path / "emulated")
-    assert [r["sync/host_copy_bytes"] for r in rb] == [0.0] * 3
+    (copied,) = {r["sync/host_copy_bytes"] for r in rb}  # every sync: one int64 digest per exported tensor
+    assert 0 < copied <= 8 * 64 and copied % 8 == 0
     assert all("sync/host_copy_bytes" not in r for r in ra)
     assert [r["reward/mean"] for r in ra] == [r["reward/mean"] for r in rb]
     assert _same(ra) == _same(rb)  # every metric but the placement's and timing keys

@@ -104,6 +104,9 @@ class RolloutWorker:
         k, made = self.rollout.max_staleness, 0
         last = self.train.steps + k - 1  # the schedule's last batch (the final checkpoint keeps k of them)
         for target in range(start["first_target"], last + 1):
+            fault = self.faults.weight_fault(target + 1) if self.faults is not None else None
+            if fault is not None and self.shard is not None:
+                self.shard.engine.inject_fault(fault)  # the next sync this engine applies (failure tests)
             want = needed_version(target, k)
             alive = (self.receiver.wait_for(lambda v=want: self._engine_version() >= v, self.shard.engine,
                                             timeout_s=self.rollout.pool_timeout_s,
@@ -116,12 +119,18 @@ class RolloutWorker:
             t0 = time.perf_counter()
             batch, rounds = maker.make(target, self._engine_version())
             busy = time.perf_counter() - t0
+            # the digest checks of the weights that made this batch (run beside it) must pass before it
+            # leaves: a WeightVerifyError ends this rank here, and the batch never reaches the trainer
+            applied = self.receiver.pop_applied() if self.receiver is not None else []
+            applied = [a for per in comm.all_gather_object(applied) for a in per]
             made += 1
             if self.batches is not None:
                 self.batches.broadcast_object({"batch": batch, "rounds": rounds, "busy_s": busy,
-                                               "order": order.state()}, 0)
+                                               "order": order.state(),
+                                               "applied": applied}, 0)
         if self.receiver is not None:  # wait for the trainer's stop (its final syncs land in the slot)
             self.receiver.wait_for(lambda: False, self.shard.engine, timeout_s=self.rollout.pool_timeout_s)
+            self.receiver.settle()  # the last deferred digest check, if any, still stops the job
         return made
 
 
@@ -166,6 +175,7 @@ def run_rollout_pool(pools: JobPools, *, rollout: RolloutConfig, model: Any, tra
         gpus = lay.placement(processes_per_node(lay.world))[engine_id].gpus
         engine = engines.build_engine(rollout, model, spec, seed=train.seed, deterministic=train.deterministic,
                                       gpus=gpus, colocated=False)
+        engine.defer_verify = engines.traits(rollout).verifies_beside_generation  # pause = copy-in only
         receiver = WeightReceiver(weights, ctl, device=engine.device, staging=engine.staging_pool())
         shard = make_shard(engine, engine_id=engine_id, fleet=fleet, tokenizer=tokenizer, examples=examples,
                            rollout=rollout, train=train, reward=reward, version_offset=0,

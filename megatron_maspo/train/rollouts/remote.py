@@ -116,6 +116,7 @@ class RemoteRolloutSide:
                            totals=self.reward_totals,
                            staleness=(samples, trained_version) if self.k > 0 else None)
         out["rollout/engine_busy_s"] = sum(m["busy_s"] for m in msgs)
+        out.update(applied_metrics([a for m in msgs for a in m.get("applied", [])]))
         out["time/wait_rollout"] = self._wait
         if self.rollout.in_flight_updates:
             out.update(version_spread(self._seen))
@@ -135,6 +136,17 @@ class RemoteRolloutSide:
             self._receive_through(self.steps_done + self.k)  # made with our last weights: discarded
         if self.sender is not None:
             self.sender.stop()
+
+
+def applied_metrics(applied: list[dict]) -> dict[str, float]:
+    """The syncs the engines applied while making this step's batches (``WeightReceiver.pop_applied``
+    of every owner): ``sync/engine_pause_s`` (the engine loop's token-free time in activating a staged
+    sync: copy-in or relay to the workers, plus digest verification; the longest over engines and syncs),
+    ``sync/verify_s`` (the longest digest verification) and ``sync/verify_full_s`` (the last full digest's
+    cost, the longest over engines). Zeros when no sync landed."""
+    return {"sync/engine_pause_s": max((a["engine_pause_s"] for a in applied), default=0.0),
+            "sync/verify_s": max((a["verify_s"] for a in applied), default=0.0),
+            "sync/verify_full_s": max((a["verify_full_s"] or 0.0 for a in applied), default=0.0)}
 
 
 def version_spread(groups: list[PromptGroup]) -> dict[str, float]:
