@@ -38,11 +38,14 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from megatron_maspo.conversion.mapping import is_expert
-from megatron_maspo.conversion.plan import global_items, hf_shape, hf_state_dict_keys
-from megatron_maspo.model.spec import ArchSpec
+from typing import TYPE_CHECKING, Any
 
-SENDERS = ("stages", "rank0")
+from megatron_maspo.rollout.config import SYNC_SENDERS
+
+if TYPE_CHECKING:
+    from megatron_maspo.model.spec import ArchSpec
+
+SENDERS = SYNC_SENDERS
 """``rollout.sync_senders``: every stage (and EP rank) sends its own tensors, or trainer rank 0 sends all."""
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -80,6 +83,14 @@ class TrainerLayout:
     def expert_sender(self, stage: int, ep_rank: int) -> int:
         """Global rank of EP rank ``ep_rank`` (expert TP rank 0, expert-DP rank 0) on stage ``stage``."""
         return self.dense_sender(stage) + self.tp * ep_rank
+
+    def senders(self, *, moe: bool) -> tuple[int, ...]:
+        """Every rank that sends in a ``"stages"`` sync, ascending: each stage's dense sender, plus its EP
+        ranks' expert senders for a MoE model."""
+        out = {self.dense_sender(s) for s in range(self.pp)}
+        if moe:
+            out |= {self.expert_sender(s, j) for s in range(self.pp) for j in range(self.ep)}
+        return tuple(sorted(out))
 
     def layer_stage(self, layer: int, num_layers: int) -> int:
         """Pipeline stage holding global layer ``layer`` (even split, interleaved over virtual chunks)."""
@@ -184,6 +195,9 @@ def build_plan(spec: ArchSpec, layout: TrainerLayout, engines: Sequence[int], *,
     Raises:
         ValueError: unknown ``senders`` or dtype, no engine, or a layout the model does not split over.
     """
+    from megatron_maspo.conversion.mapping import is_expert
+    from megatron_maspo.conversion.plan import global_items, hf_shape  # torch: only when a plan is built
+
     if senders not in SENDERS:
         raise ValueError(f"rollout.sync_senders={senders!r}; accepted: {', '.join(SENDERS)}")
     if dtype not in _DTYPE_BYTES:
@@ -222,6 +236,8 @@ def check_coverage(plan: TransferPlan, spec: ArchSpec) -> None:
         PlanCoverageError: naming the first few uncovered, doubly covered, unknown or wrong-size tensors,
             or a sender whose byte ranges overlap or leave a gap.
     """
+    from megatron_maspo.conversion.plan import hf_shape, hf_state_dict_keys
+
     want = {n: math.prod(hf_shape(n, spec)) * _DTYPE_BYTES[plan.dtype] for n in hf_state_dict_keys(spec)}
     counts = Counter(s.name for s in plan.sends)
     problems = []
@@ -250,3 +266,19 @@ def check_coverage(plan: TransferPlan, spec: ArchSpec) -> None:
             pos += s.nbytes
     if problems:
         raise PlanCoverageError("transfer plan does not cover the engine's tensors: " + "; ".join(problems))
+
+
+def plan_pool_transfer(spec: ArchSpec, pools: Any, dtype: str) -> TransferPlan:
+    """The checked ``"stages"`` plan of a disaggregated job (``pools``: its ``rollout.pools.PoolLayout``).
+
+    Raises:
+        PlanCoverageError: the plan leaves an engine tensor uncovered (or covers one twice).
+        ValueError: the plan names a sender the job has no weight link for.
+    """
+    plan = build_plan(spec, pools.trainer_layout, pools.owner_ranks, dtype=dtype, senders="stages")
+    check_coverage(plan, spec)
+    linked = set(pools.sender_ranks)
+    if not set(plan.senders) <= linked:
+        raise ValueError(f"transfer plan: ranks {sorted(set(plan.senders) - linked)} send weights but have no "
+                         f"link to the rollout pool (linked senders {sorted(linked)})")
+    return plan
