@@ -181,8 +181,12 @@ def _send(stream: Iterator[tuple[str, torch.Tensor]], sink: WeightSink, bucket_b
         verify_checksums = checksums_default(shared=pool is not None)
     buckets = _counted(pack_buckets(stream, bucket_bytes, with_checksum=verify_checksums, alloc=pool), stats)
     if pool is not None:
+        from megatron_maspo.parallel import comm
         from megatron_maspo.rollout.transport import prefetch
 
+        # the export's collectives move to the prefetch thread: this thread's (the step's, on the PP and
+        # TP groups) are done, so hand the groups over (NCCL order; the GPU emulation checks it)
+        comm.hand_off()
         buckets = prefetch(buckets, on_drop=Bucket.done)  # pack bucket k+1 while the engine loads k
     try:
         sink.load_buckets(buckets, verify=verify_checksums)
