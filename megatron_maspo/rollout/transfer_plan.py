@@ -169,16 +169,20 @@ class TransferPlan:
 
     def summary(self) -> str:
         """Three lines for ``maspo check``: senders, bytes per sender, the largest link."""
-        gb = 1e9
         per = self.bytes_by_sender()
         (src, dst), big = self.largest_link()
         share = self.sender_bytes_max / max(self.bytes_total, 1)
+        shown = list(per.items())
+        listed = ", ".join(f"rank {r}: {_size(b)}" for r, b in shown[:8]) + (", ..." if len(shown) > 8 else "")
         return "\n".join([
             f"transfer plan ({self.senders_mode}, {self.dtype}): {len(per)} sender(s) -> {len(self.engines)} "
-            f"engine(s), {len(self.sends)} tensors, {self.bytes_total / gb:.2f} GB per sync",
-            "  bytes per sender: " + ", ".join(f"rank {r}: {b / gb:.2f} GB" for r, b in per.items())
-            + f" (max/total {share:.2f})",
-            f"  largest link: rank {src} -> engine owner {dst}, {big / gb:.2f} GB"])
+            f"engine(s), {len(self.sends)} tensors, {_size(self.bytes_total)} per sync",
+            f"     bytes per sender: {listed} (max/total {share:.2f})",
+            f"     largest link: rank {src} -> engine owner {dst}, {_size(big)}"])
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 def build_plan(spec: ArchSpec, layout: TrainerLayout, engines: Sequence[int], *, dtype: str = "bfloat16",
