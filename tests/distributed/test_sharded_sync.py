@@ -138,7 +138,7 @@ def _check(res: list, lay_world: int, engines: int) -> None:
     assert not torch.equal(exports[0]["model.norm.weight"], exports[1]["model.norm.weight"])
 
 
-@pytest.mark.parametrize("transport", ["broadcast", "p2p"])
+@pytest.mark.parametrize("transport", ["broadcast", pytest.param("p2p", marks=pytest.mark.slow)])
 def test_two_stages_send_their_own_shares_to_two_engines(transport):
     res = run_workers(_worker, 4, free_port(), DENSE, 1, 2, 1, 2, transport, False, fresh=True, timeout_s=300)
     _check(res, 4, 2)
