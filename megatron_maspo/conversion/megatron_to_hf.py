@@ -191,6 +191,9 @@ def export_owned_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: 
         mine = [n for n in names if sender_of[n] == rank]
         if not mine:
             continue
+        if groups.tp > 1:  # Megatron's expert TP defaults to tp: each expert would be a shard here
+            raise ValueError(f"export: experts at tensor_model_parallel_size={groups.tp} are TP-sharded; the "
+                             "sharded export sends whole experts only (TP = 1 with EP, as the local spec runs)")
         out: list[tuple[str, torch.Tensor]] = []
         for mname, expert in mcore_names(item, local_layer, spec, groups.ep, groups.ep_rank):
             t = params[resolve(params, mname)].detach()
