@@ -9,6 +9,8 @@ from megatron_maspo.rollout import engines as _engines
 ENGINES = tuple(_engines.ENGINES)
 TRANSPORTS = ("ipc", "bytes")
 PLACEMENTS = ("colocated", "disaggregated")
+SYNC_SENDERS = ("stages", "rank0")
+SYNC_TRANSPORTS = ("broadcast", "p2p")
 
 
 @dataclass(kw_only=True)
@@ -65,6 +67,15 @@ class RolloutConfig:
     engine_ranks: int = 0
     """Disaggregated only: ranks (GPUs) in the rollout pool, a multiple of the engine TP (``vllm_tp``);
     the rest of the job trains."""
+    sync_senders: str = "stages"
+    """Disaggregated only: who sends each weight sync. ``"stages"``: every pipeline stage's first rank (and,
+    for experts, every EP rank) sends the tensors it owns, TP shards gathered inside its TP group, so no
+    rank sends more than its stage's share (``rollout/transfer_plan.py``, docs/weight-transfer.md).
+    ``"rank0"``: trainer rank 0 gathers and sends everything (the single-sender funnel, for comparison)."""
+    sync_transport: str = "broadcast"
+    """Disaggregated only: how a sender reaches the engine owners. ``"broadcast"``: one group per sender
+    with every owner (a bucket goes out once); ``"p2p"``: one pair group per (sender, owner), each bucket
+    sent to each owner in turn. Either carries the same plan."""
     in_flight_updates: bool = False
     """Disaggregated only: a response in progress when new weights arrive continues under them (each
     token keeps the log-prob and version it was sampled with; the built-in engine swaps weights between
@@ -104,6 +115,10 @@ class RolloutConfig:
             raise ValueError(f"rollout.max_staleness must be an integer >= 0, got {self.max_staleness!r}")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"rollout.placement={self.placement!r}; accepted: {list(PLACEMENTS)}")
+        if self.sync_senders not in SYNC_SENDERS:
+            raise ValueError(f"rollout.sync_senders={self.sync_senders!r}; accepted: {list(SYNC_SENDERS)}")
+        if self.sync_transport not in SYNC_TRANSPORTS:
+            raise ValueError(f"rollout.sync_transport={self.sync_transport!r}; accepted: {list(SYNC_TRANSPORTS)}")
         if not isinstance(self.engine_ranks, int) or isinstance(self.engine_ranks, bool) or self.engine_ranks < 0:
             raise ValueError(f"rollout.engine_ranks must be an integer >= 0, got {self.engine_ranks!r}")
         if self.placement == "disaggregated":

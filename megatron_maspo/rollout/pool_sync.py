@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -53,12 +53,23 @@ logger = logging.getLogger(__name__)
 
 
 class WeightSender:
-    """What ``sync_weights`` loads into on the training pool's sender: every bucket goes to the engine
-    owners, its header over ``ctl`` (host) and its bytes over ``bridge`` (device where the pools have GPUs;
-    the trainer's side of :class:`WeightReceiver`)."""
+    """What a sync loads into on a training-pool sender: every bucket goes to the engine owners, its header
+    over ``ctl`` (host) and its bytes over ``bridge`` (device where the pools have GPUs; the trainer's side
+    of :class:`WeightReceiver`).
 
-    def __init__(self, bridge: Any, ctl: Any) -> None:
+    Args:
+        bridge, ctl: this sender's first link (``rollout.sync_transport=broadcast``: its only one, to every
+            owner).
+        more: further ``(bridge, ctl)`` links (``p2p``: one per further owner); each bucket goes over each
+            link in turn (its payload bytes still count once in ``sync/sender_bytes_max``).
+        lead: this sender ends the rollout pool (:meth:`stop`): trainer rank 0, whose links every
+            receiver reads first (:class:`FanIn`).
+    """
+
+    def __init__(self, bridge: Any, ctl: Any, *, more: Sequence[tuple[Any, Any]] = (), lead: bool = True) -> None:
         self.bridge, self.ctl = bridge, ctl
+        self.links = [(bridge, ctl), *more]
+        self.lead = lead
         self._version = 0
         self._pool: Any = None
 
@@ -85,20 +96,79 @@ class WeightSender:
     def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
         for b in buckets:
             try:
-                self.ctl.broadcast_object({"bucket": [meta_to_wire(m) for m in b.metas], "crc": b.checksum,
-                                           "index": b.index, "n": b.buffer.numel(), "verify": verify,
-                                           "digests": b.digests})
-                self.bridge.broadcast(b.buffer, 0)
+                header = {"bucket": [meta_to_wire(m) for m in b.metas], "crc": b.checksum, "index": b.index,
+                          "n": b.buffer.numel(), "verify": verify, "digests": b.digests}
+                for bridge, ctl in self.links:
+                    ctl.broadcast_object(header)
+                    bridge.broadcast(b.buffer, 0)
             finally:
                 b.done()  # NCCL: the pool's next pack into this buffer is queued behind the broadcast
-        self.ctl.broadcast_object({"end": True})
+        for _, ctl in self.links:
+            ctl.broadcast_object({"end": True})
         self._version += 1
         if on_cuda():
             self._pool = None
 
     def stop(self) -> None:
-        """Tell every engine owner that no sync follows (its receiver thread ends)."""
-        self.ctl.broadcast_object({"stop": True})
+        """Tell every engine owner that no sync follows (its receiver thread ends); only the lead sender
+        sends it (the others' links are not read between syncs)."""
+        if self.lead:
+            for _, ctl in self.links:
+                ctl.broadcast_object({"stop": True})
+
+
+class FanIn:
+    """Several senders' ``(bridge, ctl)`` links read as the one pair a :class:`WeightReceiver` takes.
+
+    One sync arrives as link 0's headers and payloads until its ``end``, then link 1's, ... (the plan's
+    sender order, rank 0 first); the ``end`` of the last link is passed on, the earlier ones are merged
+    into it (a dict-valued key is updated, any other key kept from the last). ``stop`` comes on link 0
+    (trainer rank 0, the lead sender). A payload is received from the link its header came on. Use
+    :attr:`ctl` and :attr:`bridge` in place of the receiver's two bridges (one thread, as a bridge).
+    """
+
+    def __init__(self, links: Sequence[tuple[Any, Any]]) -> None:
+        if not links:
+            raise ValueError("FanIn: no link")
+        self.links = list(links)
+        self._at = 0
+        self._ends: dict = {}
+        self.ctl, self.bridge = _FanInCtl(self), _FanInBridge(self)
+
+    def next_message(self) -> dict:
+        while True:
+            msg = self.links[self._at][1].broadcast_object(None, 0)
+            if "end" not in msg:
+                return msg
+            for k, v in msg.items():
+                if isinstance(v, dict) and isinstance(self._ends.get(k), dict):
+                    self._ends[k] = {**self._ends[k], **v}
+                else:
+                    self._ends[k] = v
+            if self._at + 1 < len(self.links):
+                self._at += 1
+                continue
+            end, self._at, self._ends = self._ends, 0, {}
+            return end
+
+
+class _FanInCtl:
+    def __init__(self, fan: FanIn) -> None:
+        self._fan = fan
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        if obj is not None or root != 0:
+            raise ValueError("FanIn: a receiver only reads headers from the senders")
+        return self._fan.next_message()
+
+
+class _FanInBridge:
+    def __init__(self, fan: FanIn) -> None:
+        self._fan = fan
+        self.on_device = fan.links[0][0].on_device
+
+    def broadcast(self, t: torch.Tensor, root: int = 0) -> torch.Tensor:
+        return self._fan.links[self._fan._at][0].broadcast(t, root)
 
 
 class WeightReceiver:

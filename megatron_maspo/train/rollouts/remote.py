@@ -10,7 +10,7 @@ fork:
                        rollout/engine_busy_s, time/wait_rollout and, with in-flight updates, the spread
                        of versions inside responses
     state()            prompt order, grader totals and the batches received ahead (checkpoint)
-    weight_sink        the sync's destination on trainer rank 0: a WeightSender over the bridges
+    weight_sink        the sync's destination on each sender rank: a WeightSender over its bridges
     close(clean)       on a clean stop, receive the batch the schedule let the engines start, then stop them
 
 Every trainer rank receives every batch (one broadcast over the ``batches`` bridge), as every rank of a
@@ -39,7 +39,8 @@ class RemoteRolloutSide:
     Args:
         pools: the job's layout.
         batches: the ``batches`` bridge (every trainer rank; the lead engine is member 0).
-        sender: trainer rank 0's :class:`WeightSender` (None on the other trainer ranks).
+        sender: this rank's :class:`WeightSender` on a weight sender (rank 0; with ``rollout.sync_senders=
+            stages`` also each stage's first rank and each EP rank), None on the other trainer ranks.
         rollout, train: ``rollout.*`` and ``train.*``.
         state: the checkpoint's data state (``{}`` fresh).
         version_offset: steps done before a resume.
@@ -72,7 +73,7 @@ class RemoteRolloutSide:
 
     @property
     def weight_sink(self) -> WeightSender | None:
-        """Trainer rank 0's sender to the rollout pool (the sync's sink), None on the other ranks."""
+        """This rank's sender to the rollout pool (the sync's sink), None on ranks that send nothing."""
         return self.sender
 
     def describe(self, num_prompts: int) -> str:
@@ -80,7 +81,7 @@ class RemoteRolloutSide:
 
     @property
     def sender_ranks(self) -> tuple[int, ...]:
-        return (0,)
+        return self.pools.sender_ranks
 
     def _receive_through(self, target: int) -> None:
         """Receive batches until ``target`` is held (each one in order, from the lead engine)."""
