@@ -62,7 +62,11 @@ def _worker(rank: int, world: int, port: int, spec: ArchSpec, pp: int, ep: int, 
     from megatron_maspo.rollout.pool_sync import FanIn, WeightSender
     from megatron_maspo.rollout.pools import TRAIN, PoolLayout
     from megatron_maspo.rollout.transfer_plan import plan_pool_transfer
-    from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights, sync_weights_sharded
+    from megatron_maspo.rollout.weight_sync import (
+        bucket_bytes_from_mb,
+        sync_weights,
+        sync_weights_sharded,
+    )
     from megatron_maspo.train.process.distributed import JobPools
     from megatron_maspo.train.rollouts.pool import bridges, sending_end
 

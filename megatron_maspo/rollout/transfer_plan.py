@@ -37,7 +37,6 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING, Any
 
 from megatron_maspo.rollout.config import SYNC_SENDERS
@@ -200,7 +199,10 @@ def build_plan(spec: ArchSpec, layout: TrainerLayout, engines: Sequence[int], *,
         ValueError: unknown ``senders`` or dtype, no engine, or a layout the model does not split over.
     """
     from megatron_maspo.conversion.mapping import is_expert
-    from megatron_maspo.conversion.plan import global_items, hf_shape  # torch: only when a plan is built
+    from megatron_maspo.conversion.plan import (  # torch: only when a plan is built
+        global_items,
+        hf_shape,
+    )
 
     if senders not in SENDERS:
         raise ValueError(f"rollout.sync_senders={senders!r}; accepted: {', '.join(SENDERS)}")
