@@ -156,7 +156,7 @@ class MaspoWorkerExtension:
         from vllm.config import set_current_vllm_config
 
         with set_current_vllm_config(self.vllm_config):
-            reload_api().abort(self.model_runner.get_model(), self.vllm_config.model_config)
+            reload_api().abort(self.model_runner.get_model(), self.vllm_config.model_config, self.device)
 
     def maspo_finish_sync(self) -> dict[str, int]:
         """Finish the reload, check every model parameter was written; returns ``{hf_name: crc32}`` received."""
@@ -164,7 +164,7 @@ class MaspoWorkerExtension:
 
         model = self.model_runner.get_model()
         with set_current_vllm_config(self.vllm_config):
-            reload_api().finish(model, self.vllm_config.model_config)
+            reload_api().finish(model, self.vllm_config.model_config, self.device)
             _refresh_tied_lm_head(model)
         self._maspo_asm.check_done()
         self.model_runner.reset_encoder_cache()

@@ -33,12 +33,27 @@ def test_vllm_033_spelling_is_used_when_the_package_has_no_new_names():
     api = reload_api(_importer({PACKAGE: _module(PACKAGE), f"{PACKAGE}.layerwise": layerwise}))
     assert api.spelling == "initialize_layerwise_reload"
     api.start("model")
-    api.finish("model", "cfg")
-    api.abort("model", "cfg")  # no abort in 0.33: finishing restores the incomplete layers
+    api.finish("model", "cfg", "dev")
+    api.abort("model", "cfg", "dev")  # no abort in 0.33: finishing restores the incomplete layers
     assert calls == [("init", "model"), ("final", "model", "cfg"), ("final", "model", "cfg")]
 
 
-def test_vllm_034_spelling_wins_and_abort_takes_the_model_only():
+def test_vllm_034_spelling_wins_and_finish_gets_the_device():
+    """0.34.0 (read from its wheel): start_reload(model), finish_reload(model, model_config, device), no
+    abort_reload, and the old pair still exported beside them."""
+    calls = []
+    package = _module(PACKAGE, start_reload=lambda m: calls.append(("start", m)),
+                      finish_reload=lambda m, c, d: calls.append(("finish", m, c, d)),
+                      initialize_layerwise_reload=None, finalize_layerwise_reload=None)
+    api = reload_api(_importer({PACKAGE: package}))
+    assert api.spelling == "start_reload"
+    api.start("m")
+    api.finish("m", "cfg", "dev")
+    api.abort("m", "cfg", "dev")  # no abort_reload in 0.34.0: finishing restores the incomplete layers
+    assert calls == [("start", "m"), ("finish", "m", "cfg", "dev"), ("finish", "m", "cfg", "dev")]
+
+
+def test_a_later_vllm_with_abort_and_a_two_argument_finish():
     calls = []
     package = _module(PACKAGE, start_reload=lambda m: calls.append(("start", m)),
                       finish_reload=lambda m, c: calls.append(("finish", m, c)),
@@ -48,8 +63,8 @@ def test_vllm_034_spelling_wins_and_abort_takes_the_model_only():
     api = reload_api(_importer({PACKAGE: package, f"{PACKAGE}.layerwise": layerwise}))
     assert api.spelling == "start_reload"
     api.start("m")
-    api.finish("m", "cfg")
-    api.abort("m", "cfg")
+    api.finish("m", "cfg", "dev")
+    api.abort("m", "cfg", "dev")
     assert calls == [("start", "m"), ("finish", "m", "cfg"), ("abort", "m")]
 
 
@@ -57,7 +72,7 @@ def test_vllm_034_without_abort_finishes_instead():
     calls = []
     package = _module(PACKAGE, start_reload=lambda m: None, finish_reload=lambda m, c: calls.append(c))
     api = reload_api(_importer({PACKAGE: package}))
-    api.abort("m", "cfg")
+    api.abort("m", "cfg", "dev")
     assert calls == ["cfg"]
 
 
