@@ -44,6 +44,12 @@ class StorageError(OSError):
     """
 
 
+class WeightVerifyError(RuntimeError):
+    """An engine holds weights other than the trainer exported (``rollout/digest.py``): a bug or a broken
+    engine, not the user's input, so it keeps its traceback; its message is one line naming the tensor,
+    the engine and the weight version."""
+
+
 class MissingExtraError(ImportError):
     """An optional dependency a command needs is not installed; the message names the pip extra."""
 

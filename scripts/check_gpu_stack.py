@@ -32,8 +32,10 @@ def declared(name: str, version: str) -> dict[str, SpecifierSet]:
     """``{dependency: specifier}`` of one release, from the index's metadata (Linux, this Python)."""
     with tempfile.TemporaryDirectory() as d:
         report = Path(d) / "r.json"
+        # --ignore-requires-python: megatron-core 0.19 declares Python >=3.12; only its metadata is read here
         subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
-                        "--quiet", "--report", str(report), f"{name}=={version}"], check=True)
+                        "--ignore-requires-python", "--quiet", "--report", str(report), f"{name}=={version}"],
+                       check=True)
         meta = json.loads(report.read_text())["install"][0]["metadata"]
     out = {}
     for line in meta.get("requires_dist", []):

@@ -55,6 +55,10 @@
 # always comes first (the rehearsal tests this checkout), and wheels this Python cannot install (the
 # cp312 megatron-core on another Python) are skipped and named: the local environment stands in.
 # Through this workplace's device tool: run(command="bash scripts/gpu_smoke.sh", carry=["scripts/wheels"]).
+# The next megatron-core (docs/stack.md): fetch its wheel into a second folder and point the run at it,
+#   SMOKE_MCORE=0.19.2 SMOKE_WHEELS=scripts/wheels-next bash scripts/gpu_smoke.sh --fetch-wheels
+#   SMOKE_WHEELS=scripts/wheels-next bash scripts/gpu_smoke.sh --only nccl,train,convert_h2m
+# (0.19 imports triton, which the target has; its Python 3.12 is what 0.19 requires).
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -72,7 +76,7 @@ ONLY=""
 PARTS=(install:20 nccl:15 train:60 convert_h2m:35 convert_m2h:30 logprobs:30 lp_bf16:20 ipc:30 sleep:25
        mismatch:30 varlen:20 disagg:45)
 TARGET_HAS=(torch triton transformers sympy numpy safetensors pyyaml tqdm psutil)
-CARRIED=(megatron-core==0.16.1 math-verify==0.9.0 latex2sympy2_extended==1.11.0
+CARRIED=(megatron-core==${SMOKE_MCORE:-0.16.1} math-verify==0.9.0 latex2sympy2_extended==1.11.0
          antlr4-python3-runtime==4.13.2 packaging==26.4)
 while [ $# -gt 0 ]; do
   arg="$1"; shift

@@ -2,6 +2,8 @@
 
 * :func:`check_process_groups`: every process group the job makes on GPUs with the backend it gets
   (``parallel/group_plan.py``); fails when a group that carries device tensors would be gloo.
+* :func:`check_transfer_plan`: the disaggregated weight transfer's plan (``rollout/transfer_plan.py``): its
+  senders, bytes per sender and largest link; fails when it leaves an engine tensor uncovered.
 * :func:`shm_line`: the host shared memory a vLLM engine of the rollout pool stages syncs into
   (``rollout/shm_budget.py``), per node; fails only against a node size the caller gives.
 """
@@ -83,3 +85,15 @@ def staging_need(cfg, nodes: int, gpus_per_node: int) -> tuple[int, str] | None:
     dtype = "bfloat16" if cfg.model.bf16 else "float32"  # the engine dtype, as the check's weight-sync step
     sync = sum(math.prod(shape) * dtype_size(dt) for _, dt, shape in export_manifest(arch_of(cfg), dtype))
     return node_need(sync, [e.node for e in pools.placement(gpus_per_node)], dtype)
+
+
+def check_transfer_plan(plan, spec) -> str:
+    """``ok`` lines summarising ``plan`` (a ``TransferPlan``); raises :class:`CheckError` if it does not cover
+    every engine tensor of ``spec`` exactly once at full size."""
+    from megatron_maspo.rollout.transfer_plan import PlanCoverageError, check_coverage
+
+    try:
+        check_coverage(plan, spec)
+    except PlanCoverageError as e:
+        raise CheckError("transfer plan", str(e)) from None
+    return "ok   " + plan.summary()

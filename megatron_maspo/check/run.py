@@ -196,6 +196,12 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, node_shm_gb: fl
         f"node {first}: "
         + " ".join("[" + ",".join(map(str, g)) + "]" for g in per_node.get(first, [])) + tail)
     say(check_process_groups(plan_groups(pools if pools is not None else world, gpus_per_node)))
+    if pools is not None:
+        from megatron_maspo.check.pools import check_transfer_plan
+        from megatron_maspo.rollout.transfer_plan import build_plan
+
+        say(check_transfer_plan(build_plan(spec, pools.trainer_layout, pools.owner_ranks, dtype=dtype,
+                                           senders=cfg.rollout.sync_senders), spec))
     sync_bytes = sum(math.prod(shape) * dtype_size(dt) for _, dt, shape in manifest)
     say(shm_line(cfg.rollout, sync_bytes, [e.node for e in placed], dtype, node_shm_gb=node_shm_gb))
     lay = layout_of(cfg)

@@ -12,14 +12,14 @@ experts of one kind).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from megatron_maspo.conversion import hybrid_shard
-from megatron_maspo.conversion.mapping import QKV, Direct, GatedMLP, is_expert
+from megatron_maspo.conversion.mapping import QKV, Direct, GatedMLP, fill, is_expert
 from megatron_maspo.conversion.plan import (
     Item,
     chunk_layers,
@@ -146,6 +146,66 @@ def export_hf_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Par
             for t in tensors:
                 comm.broadcast(t, src=src, group=groups.pp_group)
         yield from zip(names, tensors, strict=True)
+
+
+@torch.no_grad()
+def export_owned_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: ParallelGroups,
+                         sender_of: Mapping[str, int], rank: int, *,
+                         dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield, on ``rank``, the full HF tensors ``sender_of`` assigns to it, in the global order.
+
+    The sharded counterpart of :func:`export_hf_weights` (``rollout/transfer_plan.py`` makes
+    ``sender_of``: HF name -> the global rank that sends it). No PP broadcast and no EP gather: a dense
+    tensor's TP shards are all-gathered inside the TP group of its sender (the ranks ``sender ..
+    sender + tp - 1``, tp-fastest order), experts are converted where they live. Every rank of the model
+    iterates it; ranks outside a sending TP group do nothing for that tensor.
+
+    Raises:
+        ValueError: this rank holds a tensor the plan gives it, but under other names (plan and chunks
+            disagree on the layout).
+    """
+    models = [unwrap(c) for c in chunks]
+    local: dict[int, tuple[dict, int]] = {}
+    for chunk in chunks:
+        params = dict(unwrap(chunk).named_parameters())
+        for i, layer in enumerate(chunk_layers(chunk)):
+            local[layer] = (params, i)
+    held = {"pre": (dict(models[0].named_parameters()) if any(m.pre_process for m in models) else None),
+            "post": (dict(models[-1].named_parameters()) if any(m.post_process for m in models) else None)}
+    my_group = rank - groups.tp_rank  # first rank of my TP group
+    for item in global_items(spec):
+        if item.layer is None:
+            params, local_layer = held[item.section], None
+        else:
+            params, local_layer = local.get(item.layer, (None, None))
+        if params is None:
+            continue  # another stage's
+        names = item.hf_names(spec)
+        if not is_expert(item.entry):
+            src = sender_of[names[0]]
+            if src != my_group:
+                continue  # another replica (DP, CP) sends it
+            shard = params[resolve(params, mcore_names(item, local_layer, spec, 1, 0)[0][0])].detach()
+            parts = _gather(shard, groups.tp if item.entry.split is not None else 1, groups.tp_group)
+            if rank == src:
+                wire = dtype or shard.dtype
+                yield from zip(names, (t.to(wire) for t in _to_hf(item, parts, spec)), strict=True)
+            continue
+        mine = [n for n in names if sender_of[n] == rank]
+        if not mine:
+            continue
+        if groups.tp > 1:  # Megatron's expert TP defaults to tp: each expert would be a shard here
+            raise ValueError(f"export: experts at tensor_model_parallel_size={groups.tp} are TP-sharded; the "
+                             "sharded export sends whole experts only (TP = 1 with EP, as the local spec runs)")
+        out: list[tuple[str, torch.Tensor]] = []
+        for mname, expert in mcore_names(item, local_layer, spec, groups.ep, groups.ep_rank):
+            t = params[resolve(params, mname)].detach()
+            hf = [fill(n, layer=item.layer, expert=expert) for n in item.entry.hf_names]
+            out += zip(hf, (x.to(dtype or t.dtype) for x in _to_hf(item, [t], spec)), strict=True)
+        if [n for n, _ in out] != mine:
+            raise ValueError(f"export: rank {rank} (EP rank {groups.ep_rank}) holds experts {[n for n, _ in out][:2]}..."
+                             f" but the transfer plan gives it {mine[:2]}...")
+        yield from out
 
 
 def save_hf_folder(named: Iterable[tuple[str, torch.Tensor]], out_dir: str | Path, config: dict, *,

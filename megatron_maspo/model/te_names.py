@@ -1,4 +1,5 @@
-"""Parameter names of the Transformer Engine GPT layer spec, recorded from megatron-core 0.16.1's sources.
+"""Parameter names of the Transformer Engine GPT layer spec, recorded from megatron-core 0.16.1's and 0.19.2's
+sources (the names are the same in both; the source lines that decide them moved, see ``VERSION_SOURCES``).
 
 Transformer Engine cannot be built on a machine without CUDA, so the TE spec's module and parameter names
 are written down here, each next to the source line that decides it, and
@@ -19,6 +20,10 @@ upgrade that renames a module or a parameter fails there, not on the cluster). S
   ``GroupedLinear``) holds one parameter per local expert, ``weight{i}`` (its sharded state dict maps
   ``weight{gemm_idx}`` to per-expert keys). Every TE module also carries an ``_extra_state`` entry (FP8
   metadata) in its state dict.
+* megatron-core 0.19 builds the grouped experts with ``GroupedMLPSubmodules`` instead of ``MLPSubmodules``
+  and gives ``TEGroupedLinear`` an option to hold all experts in one ``weight`` tensor
+  (``moe_single_grouped_weight``); it is off by default and this project never sets it, so the parameters
+  stay ``weight{i}`` (a load hook converts checkpoints between the two layouts).
 
 Mapping (local spec name -> TE spec name, per decoder layer; all other names are the same in both)::
 
@@ -34,28 +39,46 @@ from __future__ import annotations
 
 import re
 
-MEGATRON_CORE_VERSION = "0.16.1"
+MEGATRON_CORE_VERSIONS = ("0.16.1", "0.19.2")
+"""The releases whose sources were read for this table (the same two CI runs)."""
 
 SOURCES: tuple[tuple[str, str], ...] = (
-    # (file under megatron/core, text that must appear in it): the facts the mapping above relies on
+    # (file under megatron/core, text that must appear in it): the facts the mapping above relies on,
+    # in every recorded release
     ("models/gpt/gpt_layer_specs.py", "linear_qkv=backend.column_parallel_layer_norm_linear(),"),
     ("models/gpt/gpt_layer_specs.py", "pre_mlp_layernorm=backend.layer_norm() if num_experts else IdentityOp,"),
     ("models/gpt/gpt_layer_specs.py", "linear_fc1 = backend.column_parallel_layer_norm_linear()"),
     ("models/gpt/gpt_layer_specs.py", '"mlp.0.weight": "mlp.linear_fc1.layer_norm_weight",'),
     ("extensions/transformer_engine_spec_provider.py", "return TELayerNormColumnParallelLinear"),
-    ("extensions/transformer_engine_spec_provider.py", "return TEGroupedMLP, MLPSubmodules("),
-    ("extensions/transformer_engine_spec_provider.py", "linear_fc1=TEColumnParallelGroupedLinear, "
-                                                        "linear_fc2=TERowParallelGroupedLinear"),
-    ("extensions/transformer_engine_spec_provider.py", "return SequentialMLP, MLPSubmodules(\n"
-                                                        "                linear_fc1=TEColumnParallelLinear"),
     ("extensions/transformer_engine.py", "class TELayerNormColumnParallelLinear(te.pytorch.LayerNormLinear):"),
     ("extensions/transformer_engine.py", "norm_layer.weight.copy_(fused_layer.layer_norm_weight)"),
     ("extensions/transformer_engine.py", "class TEGroupedLinear(te.pytorch.GroupedLinear):"),
-    ("extensions/transformer_engine.py", 'full_state_dict[f"weight{gemm_idx}"]'),
     ("extensions/transformer_engine.py", 'f"{prefix}weight{gemm_idx}": sub_sd[f"{gemm_idx}.weight"]'),
     ("transformer/moe/experts.py", "class TEGroupedMLP(MegatronModule):"),
 )
 """Source lines behind every rename; the test reads each file and looks for the text verbatim."""
+
+VERSION_SOURCES: dict[str, tuple[tuple[str, str], ...]] = {
+    "0.16": (
+        ("extensions/transformer_engine_spec_provider.py", "return TEGroupedMLP, MLPSubmodules("),
+        ("extensions/transformer_engine_spec_provider.py", "linear_fc1=TEColumnParallelGroupedLinear, "
+                                                            "linear_fc2=TERowParallelGroupedLinear"),
+        ("extensions/transformer_engine_spec_provider.py", "return SequentialMLP, MLPSubmodules(\n"
+                                                            "                linear_fc1=TEColumnParallelLinear"),
+        ("extensions/transformer_engine.py", 'full_state_dict[f"weight{gemm_idx}"]'),
+    ),
+    "0.19": (
+        ("extensions/transformer_engine_spec_provider.py", "TEGroupedMLP,\n                submodules=GroupedMLPSubmodules(\n"
+                                                            "                    linear_fc1=TEColumnParallelGroupedLinear,\n"
+                                                            "                    linear_fc2=TERowParallelGroupedLinear,"),
+        ("extensions/transformer_engine_spec_provider.py", "SequentialMLP,\n                submodules=MLPSubmodules(\n"
+                                                            "                    linear_fc1=TEColumnParallelLinear,"),
+        ("extensions/transformer_engine.py", 'extra_kwargs["single_grouped_weight"] = getattr(\n'
+                                              '                    config, "moe_single_grouped_weight", False'),
+        ("extensions/transformer_engine.py", 'f"{prefix}{param_name}{gemm_idx}" for gemm_idx in range(self.num_gemms)'),
+    ),
+}
+"""Per minor: the lines that moved between the recorded releases (the test checks the installed one's)."""
 
 _LAYER = r"(?P<pre>(?:.*\.)?decoder\.layers\.\d+\.)"
 _EXPERT_LOCAL = re.compile(_LAYER + r"mlp\.experts\.local_experts\.(?P<j>\d+)\.(?P<fc>linear_fc[12])\.weight$")

@@ -109,7 +109,8 @@ def plan_groups(layout: PoolLayout | int, gpus_per_node: int, *,
         ranks_per_node: processes each node runs (default ``gpus_per_node``: one per GPU).
 
     Returns:
-        Colocated: ``(world,)``; disaggregated: ``(train, rollout, weights, weights_ctl, batches)``.
+        Colocated: ``(world,)``; disaggregated: ``(train, rollout, weights, weights_ctl, batches)``, with one
+        more ``weights_s<rank>`` / ``_ctl`` pair per further sender (``PoolLayout.weight_links``).
     """
     if isinstance(layout, int):
         return (_device_group("world", tuple(range(layout)), "the one pool; Megatron's groups inherit it",
@@ -119,18 +120,20 @@ def plan_groups(layout: PoolLayout | int, gpus_per_node: int, *,
                           gpus_per_node, ranks_per_node)
     rollout = _device_group("rollout", tuple(range(t, layout.world)),
                             "rollout pool; object collectives stage on the GPU", gpus_per_node, ranks_per_node)
-    w_ranks = tuple(layout.weights_ranks)
-    if members_share_a_gpu(w_ranks, gpus_per_node, ranks_per_node):  # NCCL refuses: buckets go through host memory
-        weights = GroupPlan("weights", w_ranks, False, gpu_backend(False, True), True,
-                            "two members share a GPU: buckets staged on the host")
-    else:
-        weights = GroupPlan("weights", w_ranks, True, gpu_backend(True, False), False,
-                            "weight buckets GPU to GPU")
-    ctl = GroupPlan("weights_ctl", w_ranks, False, gpu_backend(False, False), False,
-                    "bucket headers, end, stop (host-only: no NCCL work pending between syncs)")
+    links = []
+    for link in layout.weight_links:  # one (payload, header) pair per sender, or per (sender, owner) with p2p
+        w_ranks = tuple(link.ranks)
+        if members_share_a_gpu(w_ranks, gpus_per_node, ranks_per_node):  # NCCL refuses: buckets via the host
+            links.append(GroupPlan(link.name, w_ranks, False, gpu_backend(False, True), True,
+                                   "two members share a GPU: buckets staged on the host"))
+        else:
+            links.append(GroupPlan(link.name, w_ranks, True, gpu_backend(True, False), False,
+                                   "weight buckets GPU to GPU"))
+        links.append(GroupPlan(link.ctl_name, w_ranks, False, gpu_backend(False, False), False,
+                               "bucket headers, end, stop (host-only: no NCCL work pending between syncs)"))
     batches = GroupPlan("batches", tuple(layout.batches_ranks), False, gpu_backend(False, False), False,
                         "pickled batches on the CPU (host-only)")
-    return train, rollout, weights, ctl, batches
+    return train, rollout, *links, batches
 
 
 def validate(plans: tuple[GroupPlan, ...] | list[GroupPlan]) -> None:

@@ -151,7 +151,9 @@ def init_parallel(
         dp_cp_group=ps.get_data_parallel_group(with_context_parallel=True),
         ep_group=ps.get_expert_model_parallel_group(),
         mp_group=ps.get_model_parallel_group(),
-        embd_group=ps.get_embedding_group(),
+        # None on the middle stages of PP >= 3: they hold neither the embedding nor the head, so Megatron
+        # puts them in no embedding group (its getter would assert)
+        embd_group=ps.get_embedding_group(check_initialized=False),
         tp_rank=ps.get_tensor_model_parallel_rank(),
         pp_rank=ps.get_pipeline_model_parallel_rank(),
         dp_rank=ps.get_data_parallel_rank(),

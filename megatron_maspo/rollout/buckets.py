@@ -90,6 +90,9 @@ class Bucket:
     release: Callable[[], None] | None = None
     """Hands a pooled buffer back for the next bucket (``transport.BucketPool``); the consumer calls it
     once nothing reads ``buffer`` any more. None: a buffer of its own, nothing to do."""
+    digests: dict[str, list[int]] | None = None
+    """``{hf_name: [stride, phase, digest]}`` of the exported tensors this bucket completes
+    (:mod:`~.digest`; the engine checks what it holds against them); None when the sync is not verified."""
 
     def done(self) -> None:
         """Call :attr:`release` once (no-op for unpooled buckets)."""
@@ -163,7 +166,7 @@ def plan_buckets(entries: Iterable[tuple[str, str, tuple[int, ...]]], bucket_byt
 
 def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, *,
                  with_checksum: bool = True, dtype: torch.dtype | None = None,
-                 alloc: Any = None) -> Iterator[Bucket]:
+                 alloc: Any = None, digests: Callable[[int], Any] | None = None) -> Iterator[Bucket]:
     """Stream ``(name, tensor)`` pairs into flat buckets of at most ``bucket_bytes`` bytes.
 
     The buffer is allocated per bucket at its exact used size (no plan is cached across calls: every sync
@@ -177,6 +180,9 @@ def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
         dtype: cast floating tensors to this dtype before packing (the rollout dtype), else keep.
         alloc: a ``transport.BucketPool`` to pack into (its buffers are reused: each bucket's ``release``
             hands its buffer back); None = a fresh CPU buffer per bucket.
+        digests: ``nblocks -> digest.Spec`` for this sync (``digest.plan``): each tensor is digested as
+            exported (after the cast, on its own device) and the digest rides in ``Bucket.digests`` of
+            the bucket that completes it; None = no digests.
 
     Yields:
         Buckets in stream order; every name appears whole in one bucket or as consecutive pieces.
@@ -185,6 +191,8 @@ def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
         ValueError: a name repeats, or ``bucket_bytes`` <= 0.
         TypeError: a tensor's dtype has no entry in the supported set.
     """
+    digested: dict[str, tuple[Any, torch.Tensor]] = {}  # name -> (spec, device digest) until flushed
+
     def entries() -> Iterator[tuple[str, str, tuple[int, ...], torch.Tensor]]:
         for name, t in named_tensors:
             if dtype is not None and t.is_floating_point():
@@ -192,14 +200,19 @@ def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
             key = str(t.dtype).removeprefix("torch.")
             if key not in _DTYPES:
                 raise TypeError(f"tensor {name!r} has dtype {t.dtype}; supported: {sorted(_DTYPES)}")
+            if digests is not None:
+                from megatron_maspo.rollout import digest
+
+                spec = digests(digest.num_blocks(digest.words(t).numel()))
+                digested[name] = (spec, digest.digest(t, spec))
             yield name, key, tuple(t.shape), t
 
     for index, (pending, used) in enumerate(_layout(entries(), bucket_bytes)):
-        yield _flush(pending, used, index, with_checksum, alloc)
+        yield _flush(pending, used, index, with_checksum, alloc, digested if digests is not None else None)
 
 
 def _flush(pending: list[tuple[TensorMeta, torch.Tensor]], used: int, index: int, with_checksum: bool,
-           alloc: Any = None) -> Bucket:
+           alloc: Any = None, digested: dict | None = None) -> Bucket:
     buf = torch.empty(used, dtype=torch.uint8) if alloc is None else alloc.alloc(used)
     end = 0
     for meta, t in pending:
@@ -214,7 +227,16 @@ def _flush(pending: list[tuple[TensorMeta, torch.Tensor]], used: int, index: int
         # thread's current one (the prefetch thread packs: issue 29, defect 4)
         torch.cuda.current_stream(buf.device).synchronize()
     release = alloc.releaser(buf) if alloc is not None else None
-    return Bucket(buf, [m for m, _ in pending], checksum(buf) if with_checksum else None, index, release)
+    done = None
+    if digested is not None:  # one host read per bucket for the digests of the tensors it completes
+        from megatron_maspo.rollout.digest import read
+
+        names = [m.name for m, _ in pending if m.completes]
+        specs = [digested[n][0] for n in names]
+        values = read(digested.pop(n)[1] for n in names)
+        done = {n: s.to_wire(v) for n, s, v in zip(names, specs, values)}
+    return Bucket(buf, [m for m, _ in pending], checksum(buf) if with_checksum else None, index, release,
+                  done)
 
 
 class Reassembler:
@@ -320,11 +342,12 @@ def meta_from_wire(w: list) -> TensorMeta:
 def bucket_to_wire(bucket: Bucket) -> dict:
     """A plain-Python form (bytes + lists) that survives msgpack/pickle RPCs (vLLM ``collective_rpc``)."""
     return {"index": bucket.index, "checksum": bucket.checksum, "payload": bucket.buffer.numpy().tobytes(),
-            "metas": [meta_to_wire(m) for m in bucket.metas]}
+            "metas": [meta_to_wire(m) for m in bucket.metas], "digests": bucket.digests}
 
 
 def bucket_from_wire(wire: dict) -> Bucket:
     """Inverse of :func:`bucket_to_wire` (the buffer is a writable copy of the payload)."""
     buf = torch.frombuffer(bytearray(wire["payload"]), dtype=torch.uint8)
     metas = [meta_from_wire(w) for w in wire["metas"]]
-    return Bucket(buf, metas, wire["checksum"], wire["index"])
+    return Bucket(buf, metas, wire["checksum"], wire["index"], digests=wire.get("digests"))
+

@@ -8,13 +8,16 @@ with one seeded generator per row (``sampling.py``).
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
 from megatron_maspo.parallel.device import on_cuda
+from megatron_maspo.rollout import digest
 from megatron_maspo.rollout.buckets import Bucket, unpack_stream
 from megatron_maspo.rollout.fused_experts import fused_slot, pieces_per_fused
 from megatron_maspo.rollout.hf_cache import forward_with_cache
@@ -50,6 +53,17 @@ class BuiltinEngine:
         self.record_routing = False
         """MoE: report each completion's ``routed_experts`` (routing replay; ``rollout/routing.py``)."""
         self._recorder: RoutingRecorder | None = None  # gate hooks, attached on first use
+        self.label = "builtin engine"
+        """Names this engine in errors (the rollout pool sets ``builtin engine <id> (rank <r>)``)."""
+        self.verify_s = 0.0
+        """Seconds the last sync's digest verification took (0 when it was not verified)."""
+        self.verify_full_s: float | None = None
+        """Seconds of the last verification that digested every tensor in full (None before one)."""
+        self._fault: tuple[str, str | None] | None = None  # inject_fault: applied after the next load
+        self.defer_verify = False
+        """``load_buckets`` leaves the digest check to :meth:`deferred_check` (the rollout pool runs it
+        beside generation, so the engine loop pauses only for the copy-in)."""
+        self._pending: tuple[dict, int] | None = None  # (expected digests, version) awaiting deferred_check
 
     @classmethod
     def from_settings(cls, rollout: Any, model: Any, spec: Any, *, seed: int, deterministic: bool = True,
@@ -146,8 +160,68 @@ class BuiltinEngine:
 
     def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
         """Verify each bucket's checksum, then :meth:`load_weights` from zero-copy views of its buffer
-        (split tensors reassembled first)."""
-        self.load_weights(unpack_stream(buckets, verify=verify))
+        (split tensors reassembled first), then check the digests of the weights the model now holds
+        against the exported ones the buckets carry (:mod:`~.digest`).
+
+        Raises:
+            digest.WeightVerifyError: a parameter holds something else than the trainer exported.
+        """
+        expected = digest.Expected()
+        fault, self._fault = self._fault, None
+        before = self._held(fault[1]).clone() if fault is not None and fault[0] == "stale" else None
+        self.load_weights(unpack_stream(expected.watch(buckets), verify=verify))
+        if fault is not None:
+            _apply_fault(self._held(fault[1]), fault[0], before)
+        if self.defer_verify:
+            self._pending = (expected.digests, self._version)
+        else:
+            self.verify_weights(expected.digests)
+
+    def deferred_check(self) -> Callable[[], None] | None:
+        """With :attr:`defer_verify`: the digest check of the last load, to run off the engine loop (the
+        caller must run it before the next load and before anything made with these weights leaves the
+        engine); None when nothing is pending."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        return functools.partial(self.verify_weights, pending[0], version=pending[1])
+
+    def inject_fault(self, kind: str, name: str | None = None) -> None:
+        """Failure tests (``MASPO_FAULT=...,kind=flip_weight|stale_weight``): after the next sync's load,
+        ``"flip"`` flips the lowest bit of one element of parameter ``name`` and ``"stale"`` puts its
+        previous value back (a reload that skipped it); None = the first parameter."""
+        if kind not in ("flip", "stale"):
+            raise ValueError(f"inject_fault kind={kind!r}; accepted: 'flip', 'stale'")
+        self._fault = (kind, name or next(iter(self.model.named_parameters()))[0])
+
+    def _held(self, name: str) -> torch.Tensor:
+        """The tensor the model holds for HF name ``name`` (a slot of a fused expert parameter)."""
+        params = dict(self.model.named_parameters())
+        if name in params:
+            return params[name].data
+        slot = fused_slot(name, params)
+        if slot is None:
+            raise KeyError(name)
+        return params[slot[0]].data[slot[1]]
+
+    @torch.no_grad()
+    def verify_weights(self, expected: dict[str, list[int]], *, version: int | None = None) -> None:
+        """Digest what the model holds for every name in ``expected`` (``{name: [stride, phase, digest]}``)
+        and compare; records :attr:`verify_s` (and :attr:`verify_full_s` when every digest was full).
+        ``version`` names the weight version in the error (default: the current one)."""
+        self.verify_s = 0.0
+        if not expected:
+            return
+        t0 = time.perf_counter()
+        params = dict(self.model.named_parameters())
+        held: dict[str, int] = {}
+        names = [n for n in expected if n in params or fused_slot(n, params) is not None]
+        values = digest.read(digest.digest(self._held(n), digest.Spec(*expected[n][:2])) for n in names)
+        held.update(zip(names, values))
+        self.verify_s = time.perf_counter() - t0
+        if all(v[0] == 1 for v in expected.values()):
+            self.verify_full_s = self.verify_s
+        digest.compare(expected, held, engine=self.label, version=self._version if version is None else version)
 
     def sleep(self, level: int = 1) -> None:
         """Colocation hook (the KV cache lives only inside ``generate``, so it is already gone).
@@ -286,6 +360,16 @@ class BuiltinEngine:
         else:
             g.manual_seed((seed * _SEED_STRIDE + prompt) * _SEED_STRIDE + sample)
         return g
+
+
+def _apply_fault(t: torch.Tensor, kind: str, before: torch.Tensor | None) -> None:
+    """The injected fault on parameter data ``t``: flip the lowest bit of element 0, or restore ``before``."""
+    if kind == "stale":
+        t.copy_(before)
+        return
+    flat = t.view(-1)
+    word = flat[:1].view(torch.uint8)
+    word[0] ^= 1  # lowest byte (little-endian) of the first element: its least significant mantissa bit
 
 
 def engine_device(gpus: tuple[int, ...] | None = None, *, cuda: bool | None = None) -> torch.device:

@@ -9,6 +9,8 @@ from megatron_maspo.rollout import engines as _engines
 ENGINES = tuple(_engines.ENGINES)
 TRANSPORTS = ("ipc", "bytes")
 PLACEMENTS = ("colocated", "disaggregated")
+SYNC_SENDERS = ("stages", "rank0")
+SYNC_TRANSPORTS = ("broadcast", "p2p")
 
 
 @dataclass(kw_only=True)
@@ -32,6 +34,12 @@ class RolloutConfig:
     cheap next to the transfer: the ``bytes`` transport and the built-in engine; off for the ``ipc``
     transport, where the worker maps the sender's buffer (crc32 would add two passes over the model on
     CPU, a device-to-host copy per bucket on GPU)."""
+    verify_every: int | None = None
+    """After a sync each engine digests the weights it holds and compares them with the trainer's export
+    (docs/weight-verification.md); a mismatch stops the job naming the tensor and the engine. N: every
+    N-th sync (the first included) digests every tensor in full, the syncs between digest a rotating
+    1/N sample of each tensor's 8 KiB blocks (every tensor at least one block). 1 = full every sync,
+    0 = off. None = 1 on the CPU bench, 64 on GPU."""
     weight_transport: str = "ipc"
     """vLLM only: ``"ipc"`` hands each bucket over as a shared buffer (shared memory on CPU, CUDA IPC on
     GPU; double-buffered); ``"bytes"`` (fallback) copies it into the RPC payload."""
@@ -59,6 +67,15 @@ class RolloutConfig:
     engine_ranks: int = 0
     """Disaggregated only: ranks (GPUs) in the rollout pool, a multiple of the engine TP (``vllm_tp``);
     the rest of the job trains."""
+    sync_senders: str = "stages"
+    """Disaggregated only: who sends each weight sync. ``"stages"``: every pipeline stage's first rank (and,
+    for experts, every EP rank) sends the tensors it owns, TP shards gathered inside its TP group, so no
+    rank sends more than its stage's share (``rollout/transfer_plan.py``, docs/weight-transfer.md).
+    ``"rank0"``: trainer rank 0 gathers and sends everything (the single-sender funnel, for comparison)."""
+    sync_transport: str = "broadcast"
+    """Disaggregated only: how a sender reaches the engine owners. ``"broadcast"``: one group per sender
+    with every owner (a bucket goes out once); ``"p2p"``: one pair group per (sender, owner), each bucket
+    sent to each owner in turn. Either carries the same plan."""
     in_flight_updates: bool = False
     """Disaggregated only: a response in progress when new weights arrive continues under them (each
     token keeps the log-prob and version it was sampled with; the built-in engine swaps weights between
@@ -98,6 +115,10 @@ class RolloutConfig:
             raise ValueError(f"rollout.max_staleness must be an integer >= 0, got {self.max_staleness!r}")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"rollout.placement={self.placement!r}; accepted: {list(PLACEMENTS)}")
+        if self.sync_senders not in SYNC_SENDERS:
+            raise ValueError(f"rollout.sync_senders={self.sync_senders!r}; accepted: {list(SYNC_SENDERS)}")
+        if self.sync_transport not in SYNC_TRANSPORTS:
+            raise ValueError(f"rollout.sync_transport={self.sync_transport!r}; accepted: {list(SYNC_TRANSPORTS)}")
         if not isinstance(self.engine_ranks, int) or isinstance(self.engine_ranks, bool) or self.engine_ranks < 0:
             raise ValueError(f"rollout.engine_ranks must be an integer >= 0, got {self.engine_ranks!r}")
         if self.placement == "disaggregated":
@@ -110,6 +131,9 @@ class RolloutConfig:
         elif self.engine_ranks or self.in_flight_updates:
             raise ValueError("rollout.engine_ranks and rollout.in_flight_updates apply only to "
                              "rollout.placement=disaggregated")
+        if self.verify_every is not None and (not isinstance(self.verify_every, int)
+                                              or isinstance(self.verify_every, bool) or self.verify_every < 0):
+            raise ValueError(f"rollout.verify_every must be an integer >= 0 or None, got {self.verify_every!r}")
         if self.pool_timeout_s <= 0:
             raise ValueError(f"rollout.pool_timeout_s must be > 0, got {self.pool_timeout_s}")
         if self.in_flight_chunk_tokens < 0:
@@ -121,6 +145,15 @@ class RolloutConfig:
     def engine_tp(self) -> int:
         """GPUs per engine (``rollout/engines.py``: ``vllm_tp`` for vLLM, 1 for the built-in engine)."""
         return _engines.engine_tp(self)
+
+    @property
+    def verify_every_resolved(self) -> int:
+        """:attr:`verify_every` with None resolved: 64 where CUDA is present, else 1."""
+        if self.verify_every is not None:
+            return self.verify_every
+        from megatron_maspo.parallel.device import on_cuda
+
+        return 64 if on_cuda() else 1
 
     @property
     def disaggregated(self) -> bool:

@@ -6,8 +6,10 @@ name with a string, and builds an engine with :func:`build_engine`. A new engine
 :data:`ENGINES` plus its class (which implements :class:`~megatron_maspo.rollout.types.Engine`).
 
     engine    TP                 in-flight update        routing replay   disaggregated staging
-    builtin   1                  between decode steps    recorded         device / host buffers
-    vllm      rollout.vllm_tp    between chunks          not wired        host shared memory (ipc)
+    builtin   1                  between decode steps    recorded         device / host buffers; digest
+                                                                          check beside generation
+    vllm      rollout.vllm_tp    between chunks          not wired        host shared memory (ipc); digest
+                                                                          check in the pause
 """
 
 from __future__ import annotations
@@ -41,13 +43,16 @@ class EngineTraits:
     is left after the weights); None = it holds what it needs (weights + the KV of its sequences)."""
     cpu_package: str
     """What runs it on the CPU bench (docs)."""
+    verifies_beside_generation: bool = False
+    """In the rollout pool the digest check of a sync (``rollout/digest.py``) can run beside generation
+    (``Engine.defer_verify``), so the engine pauses only for the copy-in; else it is part of the pause."""
 
 
 ENGINES: dict[str, EngineTraits] = {
     "builtin": EngineTraits(name="builtin", cls="megatron_maspo.rollout.builtin_engine:BuiltinEngine",
                             tp_field=None, takes_weights_between_steps=True, records_routing=True,
                             separate_processes=False, gpu_share_field=None,
-                            cpu_package="transformers (always installed)"),
+                            cpu_package="transformers (always installed)", verifies_beside_generation=True),
     "vllm": EngineTraits(name="vllm", cls="megatron_maspo.rollout.vllm_engine:VllmEngine",
                          tp_field="vllm_tp", takes_weights_between_steps=False, records_routing=False,
                          separate_processes=True, gpu_share_field="vllm_gpu_memory_utilization",

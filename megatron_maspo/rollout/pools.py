@@ -8,7 +8,10 @@ so the trainer, the rollout pool, ``maspo check`` and the planner read the same 
     engine e       owned by global rank T + e * engine_tp (its TP workers on the next engine_tp - 1 GPUs)
     groups         each pool's default group holds only that pool's ranks (pool rank = global - first);
                    ``weights`` bridge (device: NCCL on GPUs) and ``weights_ctl`` (host: gloo) on the same
-                   ranks: trainer rank 0 (root, the sync's sender) + every engine owner;
+                   ranks: trainer rank 0 (root, a sender) + every engine owner; with
+                   ``rollout.sync_senders=stages`` one more such pair per other sender (each stage's first
+                   rank, each EP rank: ``weights_s<rank>``), or with ``sync_transport=p2p`` one pair per
+                   (sender, owner) (:attr:`PoolLayout.weight_links`);
                    ``batches`` bridge (host: pickled batches): the lead engine (root, pool rank 0) + every
                    trainer rank
 
@@ -27,8 +30,22 @@ from megatron_maspo.rollout.fleet import (
     FleetLayout,
     check_placement,
 )
+from megatron_maspo.rollout.transfer_plan import TrainerLayout
 
 TRAIN, ROLLOUT = "train", "rollout"
+
+
+@dataclass(frozen=True)
+class WeightLink:
+    """One sender's bridges to some engine owners: ``name`` (device payloads) and ``name + "_ctl"`` or, for
+    trainer rank 0's broadcast link, ``weights_ctl`` (host headers). ``ranks[0]`` is the sender."""
+
+    name: str
+    ranks: tuple[int, ...]
+
+    @property
+    def ctl_name(self) -> str:
+        return "weights_ctl" if self.name == "weights" else f"{self.name}_ctl"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +62,13 @@ class PoolLayout:
     pp: int = 1
     cp: int = 1
     ep: int = 1
+    vpp: int | None = None
+    sync_senders: str = "stages"
+    """``rollout.sync_senders``: ``"stages"`` (each stage / EP rank sends its own tensors) or ``"rank0"``."""
+    sync_transport: str = "broadcast"
+    """``rollout.sync_transport``: ``"broadcast"`` (a bridge per sender) or ``"p2p"`` (per sender and owner)."""
+    moe: bool = False
+    """The model has routed experts (its EP ranks send their own experts)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.engine_ranks < self.world:
@@ -102,6 +126,33 @@ class PoolLayout:
         return (0, *self.owner_ranks)
 
     @property
+    def trainer_layout(self) -> TrainerLayout:
+        """The training pool's layout as the transfer plan reads it."""
+        return TrainerLayout(tp=self.tp, pp=self.pp, cp=self.cp, dp=self.dp, ep=self.ep, vpp=self.vpp)
+
+    @property
+    def sender_ranks(self) -> tuple[int, ...]:
+        """Trainer ranks that send weights (``rollout.sync_senders``), ascending; rank 0 first."""
+        if self.sync_senders == "rank0":
+            return (0,)
+        return self.trainer_layout.senders(moe=self.moe)
+
+    @property
+    def weight_links(self) -> tuple[WeightLink, ...]:
+        """Every (payload, header) bridge pair of the weight transfer, in the order every rank builds them.
+
+        ``broadcast``: one link per sender with every owner (rank 0's keeps the names ``weights`` /
+        ``weights_ctl``); ``p2p``: one link per (sender, owner) pair.
+        """
+        out = []
+        for s in self.sender_ranks:
+            if self.sync_transport == "p2p":
+                out += [WeightLink(f"weights_s{s}_o{o}", (s, o)) for o in self.owner_ranks]
+            else:
+                out.append(WeightLink("weights" if s == 0 else f"weights_s{s}", (s, *self.owner_ranks)))
+        return tuple(out)
+
+    @property
     def batches_ranks(self) -> tuple[int, ...]:
         """Members of the ``batches`` bridge: the lead engine first, then every trainer rank."""
         return (self.lead_engine_rank, *range(self.trainer_world))
@@ -139,4 +190,5 @@ def build_pools(parallel, rollout, world: int) -> PoolLayout | None:
         return None
     p = parallel
     return PoolLayout(world=world, engine_ranks=rollout.engine_ranks, rollout_tp=engine_tp(rollout),
-                      tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep)
+                      tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, vpp=p.vpp, sync_senders=rollout.sync_senders,
+                      sync_transport=rollout.sync_transport, moe=p.ep > 1)

@@ -97,6 +97,15 @@ class Engine(WeightSink, Protocol):
 
     device: Any
     """Where buckets for this engine are received in a disaggregated rollout pool (a ``torch.device``)."""
+    label: str
+    """Names the engine in errors (``"builtin engine 1"``)."""
+    verify_s: float
+    """Seconds the last sync's digest verification took (``rollout/digest.py``; 0 when not verified)."""
+    verify_full_s: float | None
+    """Seconds of the last verification that digested every tensor in full (None before one)."""
+    defer_verify: bool
+    """Leave the digest check of a load to :meth:`deferred_check` (run beside generation); engines that
+    cannot (vLLM: its workers are inside ``generate``) keep it False and check inside ``load_buckets``."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, *,
                  progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
@@ -130,4 +139,13 @@ class Engine(WeightSink, Protocol):
 
     def shutdown(self) -> None:
         """Stop the engine's processes now (no-op for an in-process engine)."""
+        ...
+
+    def deferred_check(self) -> Callable[[], None] | None:
+        """With ``defer_verify``: the last load's digest check (raises ``WeightVerifyError``), or None."""
+        ...
+
+    def inject_fault(self, kind: str, name: str | None = None) -> None:
+        """Failure tests: after the next sync's load, corrupt (``"flip"``) or restore to its previous
+        value (``"stale"``) one parameter, so that the digest verification must stop the sync."""
         ...

@@ -6,7 +6,8 @@ Weight path (both devices): the trainer's sender rank calls :meth:`VllmEngine.lo
 goes to every vLLM worker through ``collective_rpc`` into :class:`MaspoWorkerExtension` (mixed into the
 workers via ``worker_extension_cls``), which verifies the crc32, rebuilds zero-copy views and feeds them to
 ``model.load_weights`` *inside vLLM's layer-wise reload* (``initialize_layerwise_reload`` before the first
-bucket, ``finalize_layerwise_reload`` after the last). That wrapper is what makes in-memory loading work on
+bucket, ``finalize_layerwise_reload`` after the last; vLLM 0.34 names them ``start_reload`` / ``finish_reload``:
+:mod:`~.vllm_reload` picks the installed spelling). That wrapper is what makes in-memory loading work on
 the CPU backend, whose linear weights are repacked after loading (a bare ``load_weights`` on the live model
 fails there): vLLM buffers each layer's checkpoint-format tensors and re-runs the post-load processing once
 the layer is complete. The prefix cache is reset after every sync.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 
 from megatron_maspo.parallel.device import on_cuda
+from megatron_maspo.rollout import digest
 from megatron_maspo.rollout.buckets import (
     Bucket,
     Reassembler,
@@ -42,6 +45,7 @@ from megatron_maspo.rollout.buckets import (
     unpack_bucket,
 )
 from megatron_maspo.rollout.types import Completion, SamplingParams
+from megatron_maspo.rollout.vllm_reload import reload_api
 
 logger = logging.getLogger(__name__)
 
@@ -51,16 +55,19 @@ EXTENSION = f"{__name__}.MaspoWorkerExtension"
 class MaspoWorkerExtension:
     """Methods mixed into every vLLM worker (``self`` is the worker: ``model_runner``, ``vllm_config``)."""
 
-    def maspo_begin_sync(self) -> None:
+    def maspo_begin_sync(self, fault: list | None = None) -> None:
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
 
         model = self.model_runner.get_model()
         self._maspo_loaded: set[str] = set()
         self._maspo_crc: dict[str, int] = {}
+        self._maspo_shapes: dict[str, tuple[int, ...]] = {}  # HF shapes of this sync (read-back slicing)
+        self._maspo_fault = fault  # [kind, vLLM parameter name]: applied by maspo_apply_fault (tests)
+        self._maspo_before = (model.get_parameter(fault[1]).data.clone()
+                              if fault is not None and fault[0] == "stale" else None)
         self._maspo_asm = Reassembler()  # pieces of tensors larger than a bucket, glued back in order
         with set_current_vllm_config(self.vllm_config):
-            initialize_layerwise_reload(model)
+            reload_api().start(model)
 
     def maspo_load_bucket(self, wire: dict, verify: bool = True) -> int:
         """Load one bucket sent as :func:`~.buckets.bucket_to_wire`; returns the number of tensors."""
@@ -89,6 +96,7 @@ class MaspoWorkerExtension:
         for name, t in named:
             if name in self._maspo_crc:
                 raise ValueError(f"vLLM sync: tensor {name!r} delivered twice")
+            self._maspo_shapes[name] = tuple(t.shape)
             # per-tensor crc echoed to the sender (tests check the received bytes); -1 when checksums are off
             self._maspo_crc[name] = (zlib.crc32(t.contiguous().view(torch.uint8).reshape(-1).cpu().numpy())
                                      if echo_crc else -1)
@@ -100,6 +108,43 @@ class MaspoWorkerExtension:
         self._maspo_loaded |= set(loaded or ())
         return len(tensors)
 
+    def maspo_apply_fault(self) -> None:
+        """Failure tests: flip the lowest bit of element 0 of the armed parameter, or put its pre-sync
+        value back (``VllmEngine.inject_fault``)."""
+        kind, pname = self._maspo_fault
+        data = self.model_runner.get_model().get_parameter(pname).data
+        if kind == "stale":
+            data.copy_(self._maspo_before)
+        else:
+            data.view(-1)[:1].view(torch.uint8)[0] ^= 1
+
+    @torch.no_grad()
+    def maspo_digest_held(self, specs: dict[str, list[int]]) -> dict[str, int]:
+        """Digests (:mod:`~.digest`) of what this worker holds for each HF name in ``specs``
+        (``{name: [stride, phase]}``), read back where the model computes with it
+        (:mod:`~.held_weights`), plus ``lm_head.weight`` for a tied head that keeps its own packed copy.
+        Empty under vLLM TP > 1 (not read back; see held_weights)."""
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        from megatron_maspo.rollout import digest
+        from megatron_maspo.rollout.held_weights import held_tensor, tied_head_weight
+
+        model = self.model_runner.get_model()
+        tp = get_tensor_model_parallel_world_size()
+        packed = dict(type(model).__dict__.get("packed_modules_mapping") or {})
+        names, values = [], []
+        for name, (stride, phase) in specs.items():
+            t = held_tensor(model, name, self._maspo_shapes, packed, tp=tp)
+            if t is not None:
+                names.append(name)
+                values.append(digest.digest(t, digest.Spec(stride, phase)))
+        embed = "model.embed_tokens.weight"
+        head = tied_head_weight(model) if tp == 1 and embed in specs else None
+        if head is not None:
+            names.append("lm_head.weight")
+            values.append(digest.digest(head[:self._maspo_shapes[embed][0]], digest.Spec(*specs[embed])))
+        return dict(zip(names, digest.read(values)))
+
     def maspo_reseed(self, seed: int) -> None:
         """Seed this worker's random generators (CPU and its device): the batched sampler draws from the
         device's default generator, so one seed per ``generate`` call makes the call reproducible."""
@@ -109,19 +154,17 @@ class MaspoWorkerExtension:
         """Leave the layer-wise reload after a failed sync (layers that were not completed get their old
         tensors back); the model is then a mix of old and new weights and must be re-synced."""
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
 
         with set_current_vllm_config(self.vllm_config):
-            finalize_layerwise_reload(self.model_runner.get_model(), self.vllm_config.model_config)
+            reload_api().abort(self.model_runner.get_model(), self.vllm_config.model_config, self.device)
 
     def maspo_finish_sync(self) -> dict[str, int]:
         """Finish the reload, check every model parameter was written; returns ``{hf_name: crc32}`` received."""
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
 
         model = self.model_runner.get_model()
         with set_current_vllm_config(self.vllm_config):
-            finalize_layerwise_reload(model, self.vllm_config.model_config)
+            reload_api().finish(model, self.vllm_config.model_config, self.device)
             _refresh_tied_lm_head(model)
         self._maspo_asm.check_done()
         self.model_runner.reset_encoder_cache()
@@ -211,6 +254,16 @@ class VllmEngine:
             self.llm = vllm.LLM(**kwargs)
         self._version = 0
         self._stale = False
+        self.label = "vLLM engine"
+        """Names this engine in errors (an ``EngineShard`` appends the engine's index in the fleet)."""
+        self.verify_s = 0.0
+        """Seconds the last sync's digest verification took (0 when not verified)."""
+        self.verify_full_s: float | None = None
+        """Seconds of the last verification that digested every tensor in full (None before one)."""
+        self._fault: list | None = None  # inject_fault: [kind, vLLM parameter name] for the next sync
+        self.defer_verify = False
+        """Always False here: the workers are busy inside a blocking ``generate``, so the digest check
+        runs in ``load_buckets`` (part of the engine's pause)."""
         self.last_received_crc: dict[str, int] = {}
         """``{hf_name: crc32}`` of the tensors the workers received in the last sync (first worker)."""
 
@@ -304,9 +357,11 @@ class VllmEngine:
         """
         self._stale = True  # until this sync completes, the weights are a mix of old and new
         self.wake_up(["weights"])
-        self.llm.collective_rpc("maspo_begin_sync")
+        fault, self._fault = self._fault, None
+        expected = digest.Expected()
+        self.llm.collective_rpc("maspo_begin_sync", args=(fault,))
         try:
-            for b in buckets:
+            for b in expected.watch(buckets):
                 try:
                     self._send(b, verify)
                 finally:
@@ -315,9 +370,52 @@ class VllmEngine:
         except Exception:
             self.llm.collective_rpc("maspo_abort_sync")
             raise
+        if fault is not None:
+            self.llm.collective_rpc("maspo_apply_fault")
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self._stale = False
         self._version += 1
+        self.verify_weights(expected.digests)
+
+    def deferred_check(self) -> None:
+        """Nothing is deferred (see :attr:`defer_verify`)."""
+        return None
+
+    def inject_fault(self, kind: str, name: str | None = None) -> None:
+        """Failure tests: after the next sync's load, ``"flip"`` flips the lowest bit of one element of the
+        worker's parameter ``name`` (a vLLM parameter name holding its data: a norm or an embedding on
+        the CPU backend, whose linear weights live in GEMM closures), ``"stale"`` puts its pre-sync value
+        back; None = ``model.norm.weight``."""
+        if kind not in ("flip", "stale"):
+            raise ValueError(f"inject_fault kind={kind!r}; accepted: 'flip', 'stale'")
+        self._fault = [kind, name or "model.norm.weight"]
+
+    def verify_weights(self, expected: dict[str, list[int]]) -> None:
+        """Compare the digests of what the workers hold (``maspo_digest_held``) with ``expected``
+        (``{hf_name: [stride, phase, digest]}``); records :attr:`verify_s` / :attr:`verify_full_s`.
+
+        Raises:
+            digest.WeightVerifyError: one line naming the tensor and this engine.
+        """
+        self.verify_s = 0.0
+        if not expected:
+            return
+        t0 = time.perf_counter()
+        held = self.llm.collective_rpc("maspo_digest_held", args=({n: v[:2] for n, v in expected.items()},))[0]
+        self.verify_s = time.perf_counter() - t0
+        if not held:  # vLLM TP > 1: not read back (held_weights.py)
+            logger.warning("%s: weight digests not verified under vLLM TP > 1", self.label)
+            return
+        unmapped = [n for n in expected if n not in held]
+        if unmapped:  # a layout held_weights.py does not read back (e.g. vLLM's fused MoE experts)
+            logger.warning("%s: %d of %d synced tensors not read back for verification (e.g. %r)",
+                           self.label, len(unmapped), len(expected), unmapped[0])
+            expected = {n: v for n, v in expected.items() if n in held}
+        if "lm_head.weight" in held and "model.embed_tokens.weight" in expected:
+            expected = {**expected, "lm_head.weight": expected["model.embed_tokens.weight"]}  # tied head's copy
+        if all(v[0] == 1 for v in expected.values()):
+            self.verify_full_s = self.verify_s
+        digest.compare(expected, held, engine=self.label, version=self._version)
 
     def _send(self, b: Bucket, verify: bool) -> None:
         if self.transport == "bytes":

@@ -7,6 +7,9 @@ EP gather and PP broadcast, slices vocab padding and yields the tied embedding o
 the bucket generator lazily, so at most one bucket plus one mapping's tensors are alive at a time, and the
 export plan and bucket layout are rebuilt on every call (no stale plans, weight-sync-notes.md §1).
 
+That is the funnel (``rollout.sync_senders=rank0``). :func:`sync_weights_sharded` is the disaggregated
+default: every sender of a :class:`~.transfer_plan.TransferPlan` exports and sends only what it owns.
+
 The destination is a :class:`~.types.WeightSink` (an engine, or the disaggregated sender): it receives the
 packed buckets with ``load_buckets(buckets, verify=...)`` and verifies the per-bucket crc32 on its side;
 its ``bucket_pool`` says whether the sync packs into reusable buffers it supplies.
@@ -16,16 +19,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from megatron_maspo.conversion.megatron_to_hf import export_hf_weights
+from megatron_maspo.conversion.megatron_to_hf import export_hf_weights, export_owned_weights
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.groups import ParallelGroups
 from megatron_maspo.rollout.buckets import Bucket, pack_buckets
+from megatron_maspo.rollout.transfer_plan import TransferPlan
 from megatron_maspo.rollout.types import WeightSink
 
 logger = logging.getLogger(__name__)
@@ -38,6 +43,9 @@ class SyncStats:
     num_tensors: int = 0
     num_buckets: int = 0
     num_bytes: int = 0
+    """Bucket bytes packed (alignment padding included)."""
+    payload_bytes: int = 0
+    """Tensor bytes packed: what ``sync/sender_bytes_max`` counts."""
     seconds: float = 0.0
 
     @property
@@ -78,7 +86,7 @@ def joins_export(groups: ParallelGroups, sender_rank: int | Sequence[int] = 0) -
 
 def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: ParallelGroups, sink: WeightSink | None,
                  *, bucket_bytes: int, dtype: torch.dtype | None = None, verify_checksums: bool | None = True,
-                 sender_rank: int | Sequence[int] = 0) -> SyncStats:
+                 sender_rank: int | Sequence[int] = 0, digests: Callable[[int], Any] | None = None) -> SyncStats:
     """Push the current Megatron weights into every engine; collective over the replicas that feed one.
 
     Every rank calls it; ranks of TP x PP groups without an engine owner (other DP replicas, other CP
@@ -99,6 +107,8 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
         verify_checksums: compute crc32 per bucket here and verify it on the engine side; None = only where
             the bucket sits in host memory (:func:`checksums_default`).
         sender_rank: global rank(s) owning an engine.
+        digests: this sync's ``digest.plan`` (``rollout.verify_every``): the sender digests each exported
+            tensor and the engine checks what it holds against it; None = not verified.
 
     Returns:
         Counts and wall time on the sender; zeros on the other ranks.
@@ -118,16 +128,72 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
         return stats
     if sink is None:
         raise ValueError(f"sync_weights: no weight sink on the sender rank {dist.get_rank()}")
+    return _send(stream, sink, bucket_bytes, verify_checksums, stats, digests)
+
+
+def sync_weights_sharded(chunks: list[torch.nn.Module], spec: ArchSpec, groups: ParallelGroups,
+                         sink: WeightSink | None, plan: TransferPlan, *, bucket_bytes: int,
+                         dtype: torch.dtype | None = None, verify_checksums: bool | None = True,
+                         digests: Callable[[int], Any] | None = None) -> SyncStats:
+    """Each sender of ``plan`` sends the tensors it owns; collective over the training pool's TP groups only.
+
+    Every trainer rank calls it. A planned sender (a stage's first rank, an EP rank) exports its own
+    tensors (``export_owned_weights``: TP shards gathered in its TP group, no PP broadcast, no EP gather),
+    packs them into buckets and loads them into its ``sink`` (its links to the engine owners); the other
+    ranks only join their TP group's gathers. No rank packs more than ``plan.bytes_by_sender()[rank]``.
+    ``digests`` as in :func:`sync_weights`: each sender digests the tensors it sends.
+
+    Raises:
+        ValueError: no sink on a sender, or what the rank sent differs from the plan (names or bytes).
+    """
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    sender_of = {s.name: s.sender for s in plan.sends}
+    stream = export_owned_weights(chunks, spec, groups, sender_of, rank, dtype=dtype)
+    stats = SyncStats()
+    if rank not in plan.senders:
+        for _ in stream:  # our TP shards feed the senders' gathers
+            pass
+        if sink is not None:  # a linked sender the plan gives nothing (an EP rank of a dense model)
+            sink.load_buckets(iter(()), verify=bool(verify_checksums))
+        return stats
+    if sink is None:
+        raise ValueError(f"sync_weights_sharded: no weight sink on the sender rank {rank}")
+    want = [s.name for s in plan.for_rank(rank)]
+    sent: list[str] = []
+    stats = _send(_noting(stream, sent), sink, bucket_bytes, verify_checksums, stats, digests)
+    if sent != want or stats.payload_bytes != plan.bytes_by_sender()[rank]:
+        raise ValueError(f"weight sync: rank {rank} sent {len(sent)} tensors / {stats.payload_bytes} bytes, the "
+                         f"transfer plan says {len(want)} / {plan.bytes_by_sender()[rank]} (plan and model "
+                         "disagree: layout or dtype)")
+    return stats
+
+
+def _noting(stream: Iterator[tuple[str, torch.Tensor]], names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, t in stream:
+        names.append(name)
+        yield name, t
+
+
+def _send(stream: Iterator[tuple[str, torch.Tensor]], sink: WeightSink, bucket_bytes: int,
+          verify_checksums: bool | None, stats: SyncStats,
+          digests: Callable[[int], Any] | None = None) -> SyncStats:
+    """Pack ``stream`` into buckets and load them into ``sink``; on failure drain the stream (so the
+    ranks in its collectives return) and re-raise."""
     start = time.perf_counter()
     # A sink that maps our buffers (vLLM, ipc) or sends them GPU to GPU (the disaggregated sender)
     # supplies a double-buffered pool; None = fresh host buffers.
     pool = sink.bucket_pool(bucket_bytes)
     if verify_checksums is None:
         verify_checksums = checksums_default(shared=pool is not None)
-    buckets = _counted(pack_buckets(stream, bucket_bytes, with_checksum=verify_checksums, alloc=pool), stats)
+    buckets = _counted(pack_buckets(stream, bucket_bytes, with_checksum=verify_checksums, alloc=pool,
+                                    digests=digests), stats)
     if pool is not None:
+        from megatron_maspo.parallel import comm
         from megatron_maspo.rollout.transport import prefetch
 
+        # the export's collectives move to the prefetch thread: this thread's (the step's, on the PP and
+        # TP groups) are done, so hand the groups over (NCCL order; the GPU emulation checks it)
+        comm.hand_off()
         buckets = prefetch(buckets, on_drop=Bucket.done)  # pack bucket k+1 while the engine loads k
     try:
         sink.load_buckets(buckets, verify=verify_checksums)
@@ -144,6 +210,25 @@ def sync_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Parallel
     return stats
 
 
+def sync_metrics(per_rank: Sequence[tuple[float, float]], *, sharded: bool) -> dict[str, float]:
+    """The per-sync figures from every trainer rank's ``(payload bytes sent, seconds from the sync's common
+    start to its last bucket handed over)``.
+
+    ``sync/bytes_total``: one copy of the exported model in the engine dtype (the senders' bytes summed when
+    each tensor has one sender, else one sender's full copy); ``sync/sender_bytes_max``: the most distinct
+    payload bytes one rank put on the wire (a bucket broadcast to several owners, or sent to each over p2p,
+    counts once; alignment padding excluded); ``sync/transfer_s``: the common start to the slowest sender's
+    last bucket; ``sync/gb_per_s`` = bytes_total / transfer_s, ``sync/sender_gb_per_s`` = sender_bytes_max /
+    transfer_s.
+    """
+    sent = [b for b, _ in per_rank]
+    total = float(sum(sent) if sharded else max(sent, default=0.0))
+    top = float(max(sent, default=0.0))
+    secs = float(max((s for b, s in per_rank if b > 0), default=0.0))
+    return {"sync/bytes_total": total, "sync/sender_bytes_max": top, "sync/transfer_s": secs,
+            "sync/gb_per_s": total / max(secs, 1e-9) / 1e9, "sync/sender_gb_per_s": top / max(secs, 1e-9) / 1e9}
+
+
 def checksums_default(*, shared: bool) -> bool:
     """``rollout.verify_checksums=None``: crc32 where it is cheap next to the transfer itself: the bytes
     transport and in-process engines (copies anyway); not for shared buffers (ipc), where the worker reads
@@ -157,4 +242,5 @@ def _counted(buckets: Iterator[Bucket], stats: SyncStats) -> Iterator[Bucket]:
         stats.num_buckets += 1
         stats.num_tensors += sum(m.completes for m in b.metas)  # a split tensor counts once
         stats.num_bytes += b.buffer.numel()
+        stats.payload_bytes += sum(m.span for m in b.metas)
         yield b

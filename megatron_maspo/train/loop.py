@@ -34,10 +34,17 @@ from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.device import default_device
 from megatron_maspo.parallel.failure import exit_on_error
 from megatron_maspo.parallel.groups import destroy_parallel, init_parallel
+from megatron_maspo.rollout import digest
 from megatron_maspo.rollout.diagnostics import trainer_vs_engine_mismatch
 from megatron_maspo.rollout.fleet import build_fleet
 from megatron_maspo.rollout.pools import build_pools
-from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb, sync_weights
+from megatron_maspo.rollout.transfer_plan import plan_pool_transfer
+from megatron_maspo.rollout.weight_sync import (
+    bucket_bytes_from_mb,
+    sync_metrics,
+    sync_weights,
+    sync_weights_sharded,
+)
 from megatron_maspo.train.actor.checkpoint import load_checkpoint, save_checkpoint
 from megatron_maspo.train.actor.offload import (
     Colocation,
@@ -137,7 +144,14 @@ class Trainer:
         if self.rank == 0:
             logger.info("rollout fleet: %s", self.rollouts.describe(cfg.train.prompts_per_step))
         self.sft_done = bool(state.get("sft_done", False))
-        self.sync_gb_per_s = 0.0
+        self.sync_engine: dict[str, float] = {}  # colocated: this rank's engine's figures of the last sync
+        self.syncs_done = 0  # by this process: its engines are fresh, so its first sync is verified in full
+        self.sync_figures: dict[str, float] = {}
+        self.transfer_plan = None  # the funnel (colocated engines, rollout.sync_senders=rank0)
+        if pools is not None and cfg.rollout.sync_senders == "stages":
+            self.transfer_plan = plan_pool_transfer(self.spec, pools.layout, cfg.model.dtype_name)
+            if self.rank == 0:
+                logger.info("%s", self.transfer_plan.summary())
         self.sync_host_copy_bytes: float | None = None  # under the GPU emulation (sync/host_copy_bytes)
         if self.rank == 0:
             save_config(cfg, self.run_dir / "config.yaml")
@@ -162,10 +176,13 @@ class Trainer:
         release_cached_memory()  # before the engine wakes in the sync
         t_train = time.perf_counter() - t0
         mismatch = trainer_vs_engine_mismatch(samples, trained_version, self.groups)  # collective
+        fault = self.faults.weight_fault(self.step + 1)  # MASPO_FAULT=...,kind=flip_weight|stale_weight
+        if fault is not None and self.rollouts.shard is not None:
+            self.rollouts.shard.engine.inject_fault(fault)
         t_sync = self.sync()
         return {**self.rollouts.metrics(samples, trained_version), **_rename_actor_metrics(actor_metrics),
                 **mismatch, "time/train": t_train, "time/sync": t_sync,
-                "rollout/policy_version": float(self.version), "sync/gb_per_s": self.sync_gb_per_s,
+                "rollout/policy_version": float(self.version), **self.sync_figures, **self.sync_engine,
                 **({"sync/host_copy_bytes": self.sync_host_copy_bytes}
                    if self.sync_host_copy_bytes is not None else {}),
                 "data/skipped_rows": float(sum(self.data_skips.values())),
@@ -180,14 +197,28 @@ class Trainer:
         copied = comm.host_copy_bytes()  # counted by the GPU emulation only (None otherwise)
         with self.meters.memory.phase("sync"):
             self.colocation.prepare_sync()  # engine weights back; its KV cache waits for the offload
-            stats = sync_weights(self.actor.named_modules_unwrapped(), self.spec, self.groups,
-                                 self.rollouts.weight_sink, bucket_bytes=bucket_bytes_from_mb(rc.bucket_mb),
-                                 dtype=dtype, verify_checksums=rc.verify_checksums,
-                                 sender_rank=self.rollouts.sender_ranks)
+            comm.barrier()  # the common start of sync/transfer_s (every rank is here anyway)
+            t0 = time.perf_counter()
+            args = dict(bucket_bytes=bucket_bytes_from_mb(rc.bucket_mb), dtype=dtype,
+                        verify_checksums=rc.verify_checksums,
+                        digests=digest.plan(self.syncs_done, rc.verify_every_resolved))
+            if self.transfer_plan is not None:
+                stats = sync_weights_sharded(self.actor.named_modules_unwrapped(), self.spec, self.groups,
+                                             self.rollouts.weight_sink, self.transfer_plan, **args)
+            else:
+                stats = sync_weights(self.actor.named_modules_unwrapped(), self.spec, self.groups,
+                                     self.rollouts.weight_sink, sender_rank=self.rollouts.sender_ranks, **args)
+            mine = (float(stats.payload_bytes), time.perf_counter() - t0)
         self.version += 1
-        self.sync_gb_per_s = stats.gb_per_s  # engine 0's (rank 0 logs); every owner moves the same bytes
+        self.syncs_done += 1
+        shard = self.rollouts.shard
+        if shard is not None:  # colocated: the engine cannot generate during the sync, so all of it is pause
+            self.sync_engine = {"sync/engine_pause_s": stats.seconds, "sync/verify_s": shard.engine.verify_s,
+                                "sync/verify_full_s": shard.engine.verify_full_s or 0.0}
         if copied is not None:
             self.sync_host_copy_bytes = float(comm.host_copy_bytes() - copied)
+        # every trainer rank's bytes and end time (collective): rank 0 logs the sync's figures
+        self.sync_figures = sync_metrics(comm.all_gather_object(mine), sharded=self.transfer_plan is not None)
         return stats.seconds
 
     def save(self) -> None:

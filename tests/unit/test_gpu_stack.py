@@ -43,7 +43,8 @@ def test_constraints_file_is_the_supported_set():
     assert _constraints() == SUPPORTED
 
 
-@pytest.mark.parametrize(("release", "needs"), sorted(RECORDED_REQUIRES.items()))
+@pytest.mark.parametrize(("release", "needs"), sorted((r, n) for r, n in RECORDED_REQUIRES.items()
+                                                     if SUPPORTED.get(r[0]) == r[1]))
 def test_each_pinned_release_accepts_the_other_pins(release, needs):
     name, version = release
     assert SUPPORTED[name] == version, f"recorded requirements of {name} {version}, but {SUPPORTED[name]} pinned"
@@ -98,7 +99,7 @@ def test_ngc_style_torch_under_vllm_is_broken_and_a_newer_transformers_only_a_mi
     found = findings(rep)
     assert [m for k, m in found if k == "broken"] == [
         "vllm 0.33.0 requires torch==2.14.0, found torch 2.14.0a0+nv25.12"]
-    rep = _report(torch="2.14.0", vllm="0.33.0", transformers="5.22.0", **{"megatron-core": "0.16.1"})
+    rep = _report(torch="2.14.0", vllm="0.34.0", transformers="5.21.0", **{"megatron-core": "0.19.2"})
     rep.requires = {"vllm": ["torch==2.14.0"]}
     kinds = dict((m.split()[0], k) for k, m in findings(rep))
     assert kinds["transformers"] == "mismatch" and "broken" not in kinds.values()
@@ -107,10 +108,23 @@ def test_ngc_style_torch_under_vllm_is_broken_and_a_newer_transformers_only_a_mi
 def test_supported_set_has_no_finding_and_a_te_import_failure_is_broken():
     pinned = {n: v for n, v in SUPPORTED.items() if n in stack.WATCHED}
     rep = _report(**pinned)
-    rep.requires = {"vllm": ["torch==2.14.0", "transformers<5.21.0,>=5.16.1"], "megatron-core": ["torch>=2.6.0"]}
-    assert findings(rep) == []
+    rep.requires = {"vllm": ["torch==2.14.0", "transformers<5.23.0,>=5.16.1"], "megatron-core": ["torch>=2.6.0"]}
+    assert findings(rep, python="3.12.7") == []
     rep.te_error = "ImportError: undefined symbol: _ZN3c10"
-    assert [k for k, _ in findings(rep)] == ["broken"]
+    assert [k for k, _ in findings(rep, python="3.12.7")] == ["broken"]
+    assert stack.verdict(rep, findings(rep, python="3.12.7")).startswith("verdict: BROKEN: transformer-engine")
+
+
+def test_an_untested_megatron_core_and_old_python_say_what_to_move():
+    pinned = {n: v for n, v in SUPPORTED.items() if n in stack.WATCHED}
+    rep = _report(**(pinned | {"megatron-core": "0.18.0"}))
+    found = findings(rep, python="3.11.9")
+    msgs = [m for _, m in found]
+    assert msgs[0].startswith("Python 3.11.9: move to 3.12")
+    assert "megatron-core 0.18.0: move to 0.19.2 (pip install -c constraints/gpu.txt megatron-core==0.19.2; " \
+           "a version no CI of this project ran)" in msgs
+    line = stack.verdict(rep, found)
+    assert line.startswith("verdict: runs, but an untested mix: 2 differences") and "megatron-core 0.18.0" in line
 
 
 def test_train_check_does_not_refuse_on_cpu():
@@ -129,3 +143,5 @@ def test_maspo_doctor_runs_on_cpu_and_lists_the_stack():
                 "transformers", "GPUs"):
         assert any(line.startswith(row) for line in out.stdout.splitlines()), row
     assert "supported set: constraints/gpu.txt" in out.stdout
+    assert "tested on the CPU bench (CI): megatron-core 0.16.1, 0.19.2" in out.stdout
+    assert out.stdout.strip().splitlines()[-1].startswith("verdict: ")

@@ -218,3 +218,30 @@ def test_vllm_partial_rollouts_take_new_weights_between_chunks(synced):
                 torch.testing.assert_close(torch.tensor(c.logprobs[2:]), want[2:], rtol=0, atol=1e-4)
     finally:
         engine.load_buckets(iter(src["buckets"]))  # the module's other tests expect the synced weights
+
+
+def test_vllm_verifies_the_weights_its_worker_holds(synced):
+    """Digests of what the worker computes with (fused qkv / gate_up rows, padded vocabulary, linear
+    weights read back through the CPU backend's packed GEMM closures, the tied head's own copy) equal the
+    export's, full and sampled; a flipped bit or a parameter left at its pre-sync value inside the worker
+    stops the sync with one line naming the tensor and the engine."""
+    from megatron_maspo.rollout import digest
+    from megatron_maspo.rollout.buckets import pack_buckets
+
+    engine, _, src = synced
+    exported = src["exported"]
+    g = torch.Generator().manual_seed(11)
+    moved = {k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in exported.items()}
+    try:
+        for i, every in ((0, 1), (1, 4)):
+            engine.load_buckets(pack_buckets(exported.items(), BUCKET, digests=digest.plan(i, every)))
+            assert engine.verify_s > 0
+        assert engine.verify_full_s is not None
+        for kind in ("flip", "stale"):
+            engine.inject_fault(kind, "model.norm.weight")
+            with pytest.raises(digest.WeightVerifyError) as err:
+                engine.load_buckets(pack_buckets(moved.items(), BUCKET, digests=digest.plan(0, 1)))
+            assert str(err.value).startswith("weight verification failed on vLLM engine: tensor "
+                                             "'model.norm.weight' after weight version ")
+    finally:
+        engine.load_buckets(iter(src["buckets"]))  # the module's other tests expect the synced weights

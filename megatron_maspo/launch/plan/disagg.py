@@ -12,10 +12,18 @@ Every phase is the colocated planner's model (``launch/plan/estimator.py``), run
                                                              staged copy sits in host memory and goes back
                                                              to the GPU on the way to its workers
     trainer side  old-logprob + update + export + broadcast  T GPUs: plan._trainer_seconds over T
+                  rollout.sync_senders=rank0 (the funnel: trainer rank 0 sends everything)
                   export    = W / nvlink_gb_s              gathers and packing on trainer rank 0's node
                               (+ W (pp - 1) / pp / internode_gb_s when its pipeline stages sit on other nodes)
                   broadcast = W (1 / link_gb_s [+ 1 / host_gb_s]) + 3 n_buckets p2p_latency
-    W             = 2 P bytes: the bf16 HF weights, broadcast once per step by one sender (trainer rank 0)
+                  rollout.sync_senders=stages (the transfer plan, ``rollout/transfer_plan.py``: each stage and
+                  EP rank sends its own S_i bytes, concurrently, over its own link)
+                  export    = S_max / nvlink_gb_s          the TP gather inside each sender's node; no PP
+                                                           broadcast, no EP gather
+                  broadcast = max(S_max, W) / link_gb_s [+ W / host_gb_s] + 3 n_buckets p2p_latency
+                              the slowest link of the plan: a sender's out-link carries S_i, but every engine
+                              owner's in-link still carries one whole copy W, so W bounds it from below
+    W             = 2 P bytes: the bf16 HF weights, one copy per engine per sync
     link_gb_s     internode_gb_s (40 GB/s: one 400 Gb/s NDR InfiniBand port per GPU, ~80% of its 50 GB/s)
                   when an engine owner sits on another node than rank 0, else nvlink_gb_s; a pipelined
                   NCCL broadcast runs at its slowest link whatever the number of receivers
@@ -157,6 +165,8 @@ class PoolPlan:
     link: str = ""
     """The weights bridge's slowest link ("InfiniBand" or "NVLink") and its GB/s."""
     link_gb_s: float = 0.0
+    sender_share: float = 1.0
+    """S_max / W: the largest share of one sync a trainer rank sends (``rollout.sync_senders``)."""
     engine_fraction_max: float | None = None
     """The largest rollout.vllm_gpu_memory_utilization the engine GPU holds (vLLM only)."""
     engine_kind: str = "vllm"
@@ -200,6 +210,27 @@ def export_seconds(weight_bytes: float, *, pp: int, trainer_world: int, gpus_per
     return weight_bytes / (hw.nvlink_gb_s * 1e9) + weight_bytes * off_node / pp / (hw.internode_gb_s * 1e9)
 
 
+def sender_share(spec: ArchSpec, pools: PoolLayout) -> float:
+    """``S_max / W``: the largest share of a sync one trainer rank sends under ``pools.sync_senders``."""
+    plan = _plan(spec, pools.trainer_layout, pools.owner_ranks, pools.sync_senders)
+    return plan.sender_bytes_max / max(plan.bytes_total, 1)
+
+
+_PLANS: dict[tuple, object] = {}
+
+
+def _plan(spec, layout, owners, senders):
+    """The transfer plan, cached: the split search asks for the same few (ArchSpec is not hashable: its repr)."""
+    from megatron_maspo.rollout.transfer_plan import build_plan
+
+    key = (repr(spec), layout, owners, senders)
+    if key not in _PLANS:
+        if len(_PLANS) > 64:
+            _PLANS.clear()
+        _PLANS[key] = build_plan(spec, layout, owners, dtype="bfloat16", senders=senders)
+    return _PLANS[key]
+
+
 def apply_seconds(weight_bytes: float, *, hw: Assumptions, host_staged: bool) -> float:
     """Seconds the engine spends loading a staged sync: the colocated refit model (``sync_fixed_s`` +
     W / ``sync_gb_s``), plus the copy back from host memory when the sync was staged there."""
@@ -208,11 +239,12 @@ def apply_seconds(weight_bytes: float, *, hw: Assumptions, host_staged: bool) ->
 
 
 def pool_layout(lay: Layout, world: int, engine_ranks: int, engine_tp: int,
-                gpus_per_node: int) -> tuple[PoolLayout | None, list[str]]:
+                gpus_per_node: int, *, sync_senders: str = "stages",
+                moe: bool = False) -> tuple[PoolLayout | None, list[str]]:
     """The runtime's :class:`PoolLayout` for this split and its placement, or None and why not."""
     try:
         pools = PoolLayout(world=world, engine_ranks=engine_ranks, rollout_tp=engine_tp, tp=lay.tp, pp=lay.pp,
-                           cp=lay.cp, ep=lay.ep)
+                           cp=lay.cp, ep=lay.ep, sync_senders=sync_senders, moe=moe and lay.ep > 1)
         pools.placement(gpus_per_node)
     except ValueError as e:
         return None, [str(e)]
@@ -256,7 +288,8 @@ def estimate_disaggregated(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nod
     world, r = nodes * gpus_per_node, ro.engine_ranks
     base = PoolPlan(layout=lay, world=world, engine_ranks=r, prompts_per_step=cfg.train.prompts_per_step,
                     gpus_per_node=gpus_per_node, engine_kind=ro.engine)
-    pools, reasons = pool_layout(lay, world, r, ro.engine_tp, gpus_per_node)
+    pools, reasons = pool_layout(lay, world, r, ro.engine_tp, gpus_per_node, sync_senders=ro.sync_senders,
+                                 moe=spec.is_moe)
     if pools is None:
         return dataclasses.replace(base, reasons=reasons)
     t = pools.trainer_world
@@ -279,19 +312,27 @@ def estimate_disaggregated(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nod
     link, link_gb_s = bridge_link_gb_s(pools, gpus_per_node, hw)
     n_buckets = math.ceil(w_bytes / (ro.bucket_mb * 2**20))
     host = hw.host_gb_s if engines.relays_to_workers(ro) else None
+    share = sender_share(spec, pools)
+    if ro.sync_senders == "stages":
+        top = w_bytes * share  # S_max
+        export = top / (hw.nvlink_gb_s * 1e9)
+        broadcast = broadcast_seconds(max(top, w_bytes), n_buckets, link_gb_s=link_gb_s, host_gb_s=host,
+                                      latency_s=hw.p2p_latency_us * 1e-6)
+    else:
+        export = export_seconds(w_bytes, pp=lay.pp, trainer_world=t, gpus_per_node=gpus_per_node, hw=hw)
+        broadcast = broadcast_seconds(w_bytes, n_buckets, link_gb_s=link_gb_s, host_gb_s=host,
+                                      latency_s=hw.p2p_latency_us * 1e-6)
     time = PoolStepTime(generation=P._generation(cfg, spec, lay, sh, fleet, engine_w, kv_pool, hw),
                         grading=P._grading_seconds(cfg, fleet, sh.n_seqs, hw),
                         apply=apply_seconds(w_bytes, hw=hw, host_staged=host is not None),
                         old_logprob=old_lp, update=update,
-                        export=export_seconds(w_bytes, pp=lay.pp, trainer_world=t, gpus_per_node=gpus_per_node,
-                                              hw=hw),
-                        broadcast=broadcast_seconds(w_bytes, n_buckets, link_gb_s=link_gb_s, host_gb_s=host,
-                                                    latency_s=hw.p2p_latency_us * 1e-6),
+                        export=export, broadcast=broadcast,
                         staleness=ro.max_staleness)
     frac = (max_engine_fraction(hw.gpu_mem_gb, buckets_gb=eng.buckets, reserve_gb=hw.reserve_gb)
             if engines.reserves_gpu_share(ro) else None)
     return dataclasses.replace(base, dp=dp, pools=pools, memory=mem, engine=eng, time=time, kv_seqs=kv_seqs,
-                               tail=sh.tail, link=link, link_gb_s=link_gb_s, engine_fraction_max=frac,
+                               tail=sh.tail, link=link, link_gb_s=link_gb_s, sender_share=share,
+                               engine_fraction_max=frac,
                                reasons=reasons)
 
 

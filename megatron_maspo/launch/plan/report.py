@@ -70,6 +70,10 @@ def format_pool_plan(plan, title: str = "") -> str:
         lines.append(f"  training pool s/step: old-logprob {t.old_logprob:.0f}  update {t.update:.0f}  export "
                      f"{t.export:.1f}  broadcast {t.broadcast:.1f} ({plan.link} {plan.link_gb_s:g} GB/s)  "
                      f"= {t.trainer_side:.0f}")
+        if plan.pools:
+            lines.append(f"  weight transfer ({plan.pools.sync_senders}): {len(plan.pools.sender_ranks)} sender(s), "
+                         f"largest sender share {plan.sender_share:.2f} of the sync; planned sync {t.sync:.1f} s "
+                         f"(slowest link: every engine owner's in-link takes one whole copy)")
         how = "max of the pools: they overlap" if t.staleness >= 1 else "sum of the pools: k = 0 takes turns"
         lines.append(f"  step s: {t.total:.0f} at k={t.staleness} ({how}; the {t.bound} pool bounds it); "
                      f"{t.total_at(0):.0f} at k=0; longest response {plan.tail:.0f} tokens")

@@ -2,6 +2,9 @@
 
     MASPO_FAULT="rank=1,step=2,kind=raise"   # rank 1 raises InjectedFault when RL step 2 starts
     MASPO_FAULT="rank=1,step=2,kind=nan"     # rank 1's loss sees NaN log-probs during step 2
+    MASPO_FAULT="rank=1,step=2,kind=flip_weight"   # rank 1's engine flips one bit of a parameter after
+    MASPO_FAULT="rank=1,step=2,kind=stale_weight"  # loading the next sync from step 2 on (or keeps its
+                                                    # previous value): the weight verification must stop it
 
 The variable is read here and nowhere else, once per process; the loop holds a :class:`FaultInjector`
 and asks it once per step. Unset (the normal case), nothing reaches the loss path. ``step`` counts RL steps from 1 like the console and ``metrics.jsonl``; ``rank``
@@ -22,7 +25,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 ENV = "MASPO_FAULT"
-KINDS = ("raise", "nan")
+KINDS = ("raise", "nan", "flip_weight", "stale_weight")
 
 
 class InjectedFault(RuntimeError):
@@ -71,9 +74,19 @@ class FaultInjector:
     def __init__(self, fault: Fault | None, rank: int) -> None:
         self.fault = fault if fault is not None and fault.rank == rank else None
 
+    def weight_fault(self, step: int) -> str | None:
+        """``"flip"`` / ``"stale"`` for ``kind=flip_weight`` / ``stale_weight`` at ``step`` on this rank:
+        the caller arms its engine (``Engine.inject_fault``) for the next sync it loads."""
+        f = self.fault
+        if f is None or f.step != step or not f.kind.endswith("_weight"):
+            return None
+        logger.warning("%s: the engine on rank %d will %s a parameter after its next sync", ENV, f.rank,
+                       "corrupt" if f.kind == "flip_weight" else "not update")
+        return f.kind.removesuffix("_weight")
+
     def at_step(self, step: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
         f = self.fault
-        if f is None or f.step != step:
+        if f is None or f.step != step or f.kind.endswith("_weight"):
             return None
         if f.kind == "raise":
             raise InjectedFault(f"{ENV}: injected exception on rank {f.rank} at step {f.step} "

@@ -35,7 +35,7 @@ from megatron_maspo.parallel.device import default_device
 from megatron_maspo.rollout import engines
 from megatron_maspo.rollout.config import RolloutConfig
 from megatron_maspo.rollout.fleet import FleetLayout, processes_per_node
-from megatron_maspo.rollout.pool_sync import WeightReceiver, WeightSender
+from megatron_maspo.rollout.pool_sync import FanIn, WeightReceiver, WeightSender
 from megatron_maspo.train.config import TrainConfig
 from megatron_maspo.train.observe.memory import PhaseMemory
 from megatron_maspo.train.observe.meters import PhaseMeters
@@ -104,6 +104,9 @@ class RolloutWorker:
         k, made = self.rollout.max_staleness, 0
         last = self.train.steps + k - 1  # the schedule's last batch (the final checkpoint keeps k of them)
         for target in range(start["first_target"], last + 1):
+            fault = self.faults.weight_fault(target + 1) if self.faults is not None else None
+            if fault is not None and self.shard is not None:
+                self.shard.engine.inject_fault(fault)  # the next sync this engine applies (failure tests)
             want = needed_version(target, k)
             alive = (self.receiver.wait_for(lambda v=want: self._engine_version() >= v, self.shard.engine,
                                             timeout_s=self.rollout.pool_timeout_s,
@@ -116,40 +119,65 @@ class RolloutWorker:
             t0 = time.perf_counter()
             batch, rounds = maker.make(target, self._engine_version())
             busy = time.perf_counter() - t0
+            # the digest checks of the weights that made this batch (run beside it) must pass before it
+            # leaves: a WeightVerifyError ends this rank here, and the batch never reaches the trainer
+            applied = self.receiver.pop_applied() if self.receiver is not None else []
+            applied = [a for per in comm.all_gather_object(applied) for a in per]
             made += 1
             if self.batches is not None:
                 self.batches.broadcast_object({"batch": batch, "rounds": rounds, "busy_s": busy,
-                                               "order": order.state()}, 0)
+                                               "order": order.state(),
+                                               "applied": applied}, 0)
         if self.receiver is not None:  # wait for the trainer's stop (its final syncs land in the slot)
             self.receiver.wait_for(lambda: False, self.shard.engine, timeout_s=self.rollout.pool_timeout_s)
+            self.receiver.settle()  # the last deferred digest check, if any, still stops the job
         return made
 
 
 # ---------------------------------------------------------------------------- the bridges and both ends
-def bridges(rollout: RolloutConfig, pools: JobPools) -> tuple[comm.Bridge | None, comm.Bridge | None,
-                                                              comm.Bridge | None]:
-    """This rank's ``weights`` (device: bucket bytes), ``weights_ctl`` (host: bucket headers, end, stop) and
-    ``batches`` (host: pickled batches) bridges, None where it is not a member; built in that order on every
-    rank (a bridge's members block in its constructor until all have joined, for up to
-    ``rollout.pool_timeout_s``)."""
+def bridges(rollout: RolloutConfig, pools: JobPools) -> tuple[list[tuple[int, Any, Any]], comm.Bridge | None]:
+    """This rank's weight links ``[(sender rank, payload bridge, header bridge), ...]`` (``PoolLayout.weight_links``:
+    device bucket bytes and host headers / end / stop per sender) and its ``batches`` bridge (host: pickled
+    batches, None where it is not a member); built in one global order on every rank (a bridge's members
+    block in its constructor until all have joined, for up to ``rollout.pool_timeout_s``)."""
     lay, rank = pools.layout, pools.rank
     timeout = rollout.pool_timeout_s
-    weights = ctl = batches = None
-    if rank in lay.weights_ranks:
-        weights = comm.Bridge(pools.store, "weights", lay.weights_ranks, rank, device=True, timeout_s=timeout)
-        ctl = comm.Bridge(pools.store, "weights_ctl", lay.weights_ranks, rank, timeout_s=timeout)
+    links = []
+    for link in lay.weight_links:
+        if rank in link.ranks:
+            weights = comm.Bridge(pools.store, link.name, link.ranks, rank, device=True, timeout_s=timeout)
+            ctl = comm.Bridge(pools.store, link.ctl_name, link.ranks, rank, timeout_s=timeout)
+            links.append((link.ranks[0], weights, ctl))
+    batches = None
     if rank in lay.batches_ranks:
         batches = comm.Bridge(pools.store, "batches", lay.batches_ranks, rank, timeout_s=timeout)
-    return weights, ctl, batches
+    return links, batches
 
 
 def build_remote_side(pools: JobPools, *, rollout: RolloutConfig, train: TrainConfig, state: dict,
                       version_offset: int) -> RemoteRolloutSide:
-    """The training pool's rollout source: batches from the rollout pool, weights to it (rank 0)."""
-    weights, ctl, batches = bridges(rollout, pools)
-    return RemoteRolloutSide(pools.layout, batches=batches,
-                             sender=WeightSender(weights, ctl) if weights is not None else None,
-                             rollout=rollout, train=train, state=state, version_offset=version_offset)
+    """The training pool's rollout source: batches from the rollout pool, weights to it (every sender)."""
+    links, batches = bridges(rollout, pools)
+    return RemoteRolloutSide(pools.layout, batches=batches, sender=sending_end(links, pools.rank), rollout=rollout,
+                             train=train, state=state, version_offset=version_offset)
+
+
+def sending_end(links: list[tuple[int, Any, Any]], rank: int) -> WeightSender | None:
+    """A trainer rank's :class:`WeightSender` over its links (every one starts at it), None without any;
+    trainer rank 0 leads (it sends the stop)."""
+    if not links:
+        return None
+    (_, weights, ctl), *more = links
+    return WeightSender(weights, ctl, more=[(w, c) for _, w, c in more], lead=rank == 0)
+
+
+def receiving_end(links: list[tuple[int, Any, Any]]) -> tuple[Any, Any]:
+    """An engine owner's ``(bridge, ctl)`` for :class:`WeightReceiver`: its one link, or a :class:`FanIn`
+    over one link per sender (in the plan's sender order, rank 0 first)."""
+    if len(links) == 1:
+        return links[0][1], links[0][2]
+    fan = FanIn([(w, c) for _, w, c in sorted(links, key=lambda x: x[0])])
+    return fan.bridge, fan.ctl
 
 
 def run_rollout_pool(pools: JobPools, *, rollout: RolloutConfig, model: Any, train: TrainConfig, reward: Any,
@@ -160,12 +188,14 @@ def run_rollout_pool(pools: JobPools, *, rollout: RolloutConfig, model: Any, tra
     lay = pools.layout
     fleet, pool_rank = lay.fleet, lay.pool_rank(pools.rank)
     engine_id = fleet.engine_of(pool_rank)
-    weights, ctl, batches = bridges(rollout, pools)
+    links, batches = bridges(rollout, pools)
     shard = receiver = None
     if engine_id is not None:
         gpus = lay.placement(processes_per_node(lay.world))[engine_id].gpus
         engine = engines.build_engine(rollout, model, spec, seed=train.seed, deterministic=train.deterministic,
                                       gpus=gpus, colocated=False)
+        engine.defer_verify = engines.traits(rollout).verifies_beside_generation  # pause = copy-in only
+        weights, ctl = receiving_end(links)
         receiver = WeightReceiver(weights, ctl, device=engine.device, staging=engine.staging_pool())
         shard = make_shard(engine, engine_id=engine_id, fleet=fleet, tokenizer=tokenizer, examples=examples,
                            rollout=rollout, train=train, reward=reward, version_offset=0,

@@ -10,7 +10,7 @@ fork:
                        rollout/engine_busy_s, time/wait_rollout and, with in-flight updates, the spread
                        of versions inside responses
     state()            prompt order, grader totals and the batches received ahead (checkpoint)
-    weight_sink        the sync's destination on trainer rank 0: a WeightSender over the bridges
+    weight_sink        the sync's destination on each sender rank: a WeightSender over its bridges
     close(clean)       on a clean stop, receive the batch the schedule let the engines start, then stop them
 
 Every trainer rank receives every batch (one broadcast over the ``batches`` bridge), as every rank of a
@@ -39,7 +39,8 @@ class RemoteRolloutSide:
     Args:
         pools: the job's layout.
         batches: the ``batches`` bridge (every trainer rank; the lead engine is member 0).
-        sender: trainer rank 0's :class:`WeightSender` (None on the other trainer ranks).
+        sender: this rank's :class:`WeightSender` on a weight sender (rank 0; with ``rollout.sync_senders=
+            stages`` also each stage's first rank and each EP rank), None on the other trainer ranks.
         rollout, train: ``rollout.*`` and ``train.*``.
         state: the checkpoint's data state (``{}`` fresh).
         version_offset: steps done before a resume.
@@ -72,7 +73,7 @@ class RemoteRolloutSide:
 
     @property
     def weight_sink(self) -> WeightSender | None:
-        """Trainer rank 0's sender to the rollout pool (the sync's sink), None on the other ranks."""
+        """This rank's sender to the rollout pool (the sync's sink), None on ranks that send nothing."""
         return self.sender
 
     def describe(self, num_prompts: int) -> str:
@@ -80,7 +81,7 @@ class RemoteRolloutSide:
 
     @property
     def sender_ranks(self) -> tuple[int, ...]:
-        return (0,)
+        return self.pools.sender_ranks
 
     def _receive_through(self, target: int) -> None:
         """Receive batches until ``target`` is held (each one in order, from the lead engine)."""
@@ -116,6 +117,7 @@ class RemoteRolloutSide:
                            totals=self.reward_totals,
                            staleness=(samples, trained_version) if self.k > 0 else None)
         out["rollout/engine_busy_s"] = sum(m["busy_s"] for m in msgs)
+        out.update(applied_metrics([a for m in msgs for a in m.get("applied", [])]))
         out["time/wait_rollout"] = self._wait
         if self.rollout.in_flight_updates:
             out.update(version_spread(self._seen))
@@ -135,6 +137,17 @@ class RemoteRolloutSide:
             self._receive_through(self.steps_done + self.k)  # made with our last weights: discarded
         if self.sender is not None:
             self.sender.stop()
+
+
+def applied_metrics(applied: list[dict]) -> dict[str, float]:
+    """The syncs the engines applied while making this step's batches (``WeightReceiver.pop_applied``
+    of every owner): ``sync/engine_pause_s`` (the engine loop's token-free time in activating a staged
+    sync: copy-in or relay to the workers, plus digest verification; the longest over engines and syncs),
+    ``sync/verify_s`` (the longest digest verification) and ``sync/verify_full_s`` (the last full digest's
+    cost, the longest over engines). Zeros when no sync landed."""
+    return {"sync/engine_pause_s": max((a["engine_pause_s"] for a in applied), default=0.0),
+            "sync/verify_s": max((a["verify_s"] for a in applied), default=0.0),
+            "sync/verify_full_s": max((a["verify_full_s"] or 0.0 for a in applied), default=0.0)}
 
 
 def version_spread(groups: list[PromptGroup]) -> dict[str, float]:

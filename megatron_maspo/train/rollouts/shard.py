@@ -69,6 +69,7 @@ class EngineShard:
                  examples: list, grader: Any, rollout: RolloutConfig, seed: int, overlong_buffer: int,
                  version_offset: int, meters: PhaseMeters) -> None:
         self.engine, self.engine_id, self.fleet = engine, engine_id, fleet
+        engine.label = f"{engine.label} {engine_id}"  # verification errors name the engine of the fleet
         self.tokenizer, self.examples, self.grader = tokenizer, examples, grader
         self.rollout, self.seed, self.overlong_buffer = rollout, seed, overlong_buffer
         self.version_offset, self.meters = version_offset, meters

