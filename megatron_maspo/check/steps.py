@@ -60,9 +60,10 @@ def renamed_to_te(params: dict[str, torch.Tensor], *, moe: bool, grouped: bool) 
 
 def _expected_local_shape(entry, hf_shapes: list[tuple[int, ...]], tp: int, vocab_rows: int) -> tuple[int, ...]:
     """Shape of the Megatron tensor ``entry`` maps to on one TP rank, from the HF shapes it covers."""
+    from megatron_maspo.conversion.hybrid_shard import HYBRID_ENTRIES
     from megatron_maspo.conversion.mapping import QKV, Direct, GatedMLP
 
-    if isinstance(entry, (QKV, GatedMLP)):  # fused along dim 0, then split over TP
+    if isinstance(entry, (QKV, GatedMLP, *HYBRID_ENTRIES)):  # fused along dim 0, then split over TP
         first = hf_shapes[0]
         return (sum(s[0] for s in hf_shapes) // tp, *first[1:])
     assert isinstance(entry, Direct)

@@ -4,6 +4,8 @@
     maspo convert megatron-to-hf --ckpt DIR --out DIR [--tp 1 --pp 1] [--dtype bfloat16] [--verify]
     maspo convert smollm2 --out DIR [--megatron-out DIR] [--verify]
     maspo convert tiny-hf --family qwen3 --out DIR        # a random tiny HF model to try the above
+    maspo convert qwen3.5-text --hf WRAPPER --out DIR     # published Qwen3.5 (VLM) -> its text model
+    maspo convert qwen3.5-join --hf TEXT --original WRAPPER --out DIR   # ... and back, vision/MTP kept
 
 Multi-rank layouts spawn local gloo ranks, or run one rank per process under ``torchrun``. A
 Megatron checkpoint is reshardable: the layout only chooses how the conversion itself is split.
@@ -34,7 +36,7 @@ TINY_FAMILIES = LiveNames(lambda: tuple(f.name for f in families() if f.tiny))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``convert`` and its three sub-subcommands."""
+    """Register ``convert`` and its sub-subcommands."""
     p = subparsers.add_parser("convert", help="HF <-> Megatron checkpoint conversion")
     sub = p.add_subparsers(dest="direction", metavar="DIRECTION", required=True)
     a = sub.add_parser("hf-to-megatron", help="HF folder -> Megatron distributed checkpoint")
@@ -56,6 +58,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     t.add_argument("--family", required=True, choices=TINY_FAMILIES, help="model family")
     t.add_argument("--out", required=True, help="new HF folder (must not exist)")
     t.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    w = sub.add_parser("qwen3.5-text", help="published Qwen3.5(-MoE) wrapper checkpoint -> its text model")
+    w.add_argument("--hf", required=True, help="the wrapper checkpoint folder (model_type qwen3_5 / qwen3_5_moe)")
+    w.add_argument("--out", required=True, help="new HF folder for the text model (must not exist)")
+    j = sub.add_parser("qwen3.5-join", help="text model (e.g. exported after training) -> the wrapper layout")
+    j.add_argument("--hf", required=True, help="the text model's HF folder")
+    j.add_argument("--original", required=True, help="the wrapper checkpoint it came from (vision/MTP source)")
+    j.add_argument("--out", required=True, help="new wrapper folder (must not exist)")
     p.set_defaults(run=run)
     return p
 
@@ -99,6 +108,16 @@ def run(args: argparse.Namespace) -> int:
                                           dtype=args.dtype, verify=args.verify)
     elif args.direction == "tiny-hf":
         return _tiny_hf(args)
+    elif args.direction in ("qwen3.5-text", "qwen3.5-join"):
+        from megatron_maspo.conversion import qwen3_5_wrapper
+
+        if args.direction == "qwen3.5-text":
+            left = qwen3_5_wrapper.split_wrapper(args.hf, args.out)
+            print(f"wrote {args.out}; kept out (restored by qwen3.5-join): {len(left)} vision/MTP tensors")
+        else:
+            qwen3_5_wrapper.join_wrapper(args.hf, args.original, args.out)
+            print(f"wrote {args.out}")
+        return 0
     elif args.direction == "smollm2":
         from megatron_maspo.conversion.smollm2 import gguf_to_hf_folder
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from megatron_maspo.conversion import hybrid_shard
 from megatron_maspo.conversion.mapping import QKV, Direct, Entry, GatedMLP
 from megatron_maspo.conversion.plan import (
     hf_shape,
@@ -106,6 +107,8 @@ def _megatron_shard(entry: Entry, hf: list[torch.Tensor], spec: ArchSpec, tp: in
         return qkv_shard(*hf, spec.num_attention_heads, spec.num_query_groups, tp, rank)
     if isinstance(entry, GatedMLP):
         return gated_shard(hf[0], hf[1], tp, rank)
+    if isinstance(entry, hybrid_shard.HYBRID_ENTRIES):
+        return hybrid_shard.shard(entry, hf, spec, tp, rank)
     assert isinstance(entry, Direct)
     full = pad_vocab(hf[0], padded_rows) if entry.vocab and padded_rows else hf[0]
     return tp_shard(full, entry.split, tp, rank)

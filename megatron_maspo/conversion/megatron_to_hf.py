@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from megatron_maspo.conversion import hybrid_shard
 from megatron_maspo.conversion.mapping import QKV, Direct, GatedMLP, fill, is_expert
 from megatron_maspo.conversion.plan import (
     Item,
@@ -64,6 +65,8 @@ def _to_hf(item: Item, parts: list[torch.Tensor], spec: ArchSpec) -> list[torch.
         return list(qkv_merge(parts, spec.num_attention_heads, spec.num_query_groups, spec.kv_channels))
     if isinstance(e, GatedMLP):
         return list(gated_merge(parts))
+    if isinstance(e, hybrid_shard.HYBRID_ENTRIES):
+        return hybrid_shard.merge(e, parts, spec)
     assert isinstance(e, Direct)
     full = tp_merge(parts, e.split)
     return [unpad_vocab(full, spec.vocab_size) if e.vocab else full]

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from megatron_maspo.conversion.families import family_table
+from megatron_maspo.conversion.hybrid_shard import hf_shape as hybrid_hf_shape
 from megatron_maspo.conversion.mapping import Entry, enabled, fill, is_expert
 from megatron_maspo.model.checkpoint import unwrap
+from megatron_maspo.model.families.registry import get_family
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.model.te_names import spellings
 
@@ -40,9 +42,16 @@ def global_items(spec: ArchSpec) -> list[Item]:
     table = family_table(spec)
     items = [Item(e, "pre") for e in table.pre if enabled(e, spec)]
     for layer in range(spec.num_layers):
-        items += [Item(e, "layer", layer) for e in table.layer if enabled(e, spec)]
+        items += [Item(e, "layer", layer) for e in layer_entries(spec, layer) if enabled(e, spec)]
     items += [Item(e, "post") for e in table.post if enabled(e, spec)]
     return items
+
+
+def layer_entries(spec: ArchSpec, layer: int) -> tuple[Entry, ...]:
+    """Table entries of global layer ``layer``: the family's entries for the layer's attention kind
+    (``ModelFamily.layer_names_by_kind``, Qwen3.5's linear / full layers), then the shared ``layer`` ones."""
+    by_kind = get_family(spec.family).layer_names_by_kind
+    return (*by_kind.get(spec.layer_kind(layer), ()), *family_table(spec).layer)
 
 
 def hf_state_dict_keys(spec: ArchSpec) -> list[str]:
@@ -52,6 +61,8 @@ def hf_state_dict_keys(spec: ArchSpec) -> list[str]:
 
 def hf_shape(name: str, spec: ArchSpec) -> tuple[int, ...]:
     """Shape of HF tensor ``name`` for ``spec`` (``ValueError`` if the name is not one of its keys)."""
+    if (special := hybrid_hf_shape(name, spec)) is not None:
+        return special
     h, hd = spec.hidden_size, spec.kv_channels
     nq, nkv = spec.num_attention_heads * hd, spec.num_query_groups * hd
     f = spec.moe_ffn_hidden_size if ".experts." in name else spec.ffn_hidden_size
@@ -101,6 +112,6 @@ def local_items(chunk: torch.nn.Module, spec: ArchSpec) -> Iterator[tuple[Item, 
     if model.pre_process:
         yield from ((Item(e, "pre"), None) for e in table.pre if enabled(e, spec))
     for i, layer in enumerate(chunk_layers(model)):
-        yield from ((Item(e, "layer", layer), i) for e in table.layer if enabled(e, spec))
+        yield from ((Item(e, "layer", layer), i) for e in layer_entries(spec, layer) if enabled(e, spec))
     if model.post_process:
         yield from ((Item(e, "post"), None) for e in table.post if enabled(e, spec))

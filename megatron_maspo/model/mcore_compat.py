@@ -17,6 +17,11 @@ Entries:
   ``megatron.core.safe_globals.safe_load_from_bytes`` (a ``weights_only=True`` one), so every tensor pickled
   in such a process (Transformer Engine's extra state among them) names the latter. 0.16.1 has no such
   function. :func:`storage_loader_globals` lists the names the installed version can write.
+- **Per-layer checkpoint keys.** A block whose layers differ (Qwen3.5: linear and full attention) must
+  checkpoint each layer under its own key instead of one tensor stacked over layers. 0.16.1's
+  ``TransformerConfig`` spells the switch ``hetereogenous_dist_checkpoint`` (sic; its
+  ``heterogeneous_block_specs`` also changes how layers are built, so it is not used);
+  :func:`per_layer_checkpoint_kwargs` probes for that spelling and a corrected one.
 """
 
 from __future__ import annotations
@@ -76,3 +81,18 @@ def storage_loader_globals() -> frozenset[tuple[str, str]]:
     if callable(getattr(safe_globals, MCORE_STORAGE_LOADER[1], None)):
         names.add(MCORE_STORAGE_LOADER)
     return frozenset(names)
+
+
+@functools.cache
+def per_layer_checkpoint_kwargs() -> dict[str, bool]:
+    """``TransformerConfig`` fields that make ``TransformerBlock`` checkpoint every layer under its own
+    key (``layers.{i}.``), for blocks of unlike layers."""
+    import dataclasses
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    names = {f.name for f in dataclasses.fields(TransformerConfig)}
+    for name in ("hetereogenous_dist_checkpoint", "heterogeneous_dist_checkpoint"):
+        if name in names:
+            return {name: True}
+    raise RuntimeError("this megatron-core has no per-layer checkpoint switch in TransformerConfig")

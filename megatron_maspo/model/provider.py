@@ -203,6 +203,10 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
         from megatron_maspo.model.moe import moe_transformer_kwargs
 
         kw.update(moe_transformer_kwargs(spec, opts, grouped_gemm=moe_grouped_gemm(opts)))
+    if spec.is_hybrid or spec.attention_output_gate or spec.moe_shared_expert_gate:
+        from megatron_maspo.model.hybrid_spec import transformer_kwargs
+
+        kw.update(transformer_kwargs(spec))
     if opts.recompute == "full":
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     elif opts.recompute == "selective":
@@ -240,6 +244,19 @@ def layer_spec(spec: ArchSpec, opts: ModelBuildOptions):
     return lspec
 
 
+def _block_spec(spec: ArchSpec, opts: ModelBuildOptions, tcfg: Any, lspec: Any, vp_stage: int | None,
+                pp_rank: int) -> Any:
+    """``lspec`` itself, or per-layer specs for hybrid / zero-centred-norm models (``model/hybrid_spec.py``)."""
+    from megatron_maspo.model.hybrid_spec import hybrid_block_spec, needs_block_spec
+
+    if not needs_block_spec(spec):
+        return lspec
+    if uses_te(opts):
+        raise ValueError(f"ArchSpec(family={spec.family!r}) (linear attention / zero-centred norms) builds on "
+                         "the local spec only: use model.attention_backend='packed_sdpa' or 'dense_mask'")
+    return hybrid_block_spec(spec, tcfg, lspec, vp_stage=vp_stage, pp_rank=pp_rank)
+
+
 def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int) -> list:
     """Build this rank's ``GPTModel`` chunk(s): one per virtual pipeline stage (one without VPP).
 
@@ -263,7 +280,7 @@ def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int)
         post = pp_rank == opts.pp - 1 and vp == n_vp - 1
         model = GPTModel(
             config=tcfg,
-            transformer_layer_spec=lspec,
+            transformer_layer_spec=_block_spec(spec, opts, tcfg, lspec, vp if opts.vpp else None, pp_rank),
             vocab_size=vocab,
             max_sequence_length=spec.max_position_embeddings,
             pre_process=pre,

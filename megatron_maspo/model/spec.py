@@ -51,6 +51,16 @@ class ArchSpec:
     moe_router_topk: int = 2
     moe_norm_topk_prob: bool = True
     moe_shared_expert_intermediate_size: int | None = None
+    moe_shared_expert_gate: bool = False
+    """The shared expert's output is scaled by ``sigmoid(x · w_gate)`` (Qwen2/3.5-MoE ``shared_expert_gate``)."""
+    layer_types: tuple[str, ...] | None = None
+    """Per layer ``"full"`` (softmax attention) or ``"linear"`` (Gated DeltaNet, Qwen3.5); None = all full."""
+    linear_attention: dict | None = None
+    """``model.gdn_layout.GdnDims`` fields of the linear-attention layers (required when any layer is linear)."""
+    attention_output_gate: bool = False
+    """Full attention's output is multiplied by ``sigmoid(gate)``, a second query-sized projection (Qwen3.5)."""
+    zero_centered_norm: bool = False
+    """RMSNorms (layers, q/k, final) scale by ``1 + w`` with ``w`` stored zero-centred (Qwen3.5)."""
     extra: dict = field(default_factory=dict)
     """Family-specific values carried through for export (e.g. ``bos_token_id``)."""
 
@@ -72,6 +82,22 @@ class ArchSpec:
             raise ValueError(f"ArchSpec.rope_scaling={self.rope_scaling!r}; accepted: None, 'llama3', 'linear'")
         if self.is_moe and not self.moe_ffn_hidden_size:
             raise ValueError("ArchSpec.moe_ffn_hidden_size is required when num_moe_experts is set")
+        if self.layer_types is not None:
+            self.layer_types = tuple(self.layer_types)
+            if len(self.layer_types) != self.num_layers or set(self.layer_types) - {"full", "linear"}:
+                raise ValueError(f"ArchSpec.layer_types must list 'full' or 'linear' for each of the "
+                                 f"{self.num_layers} layers, got {self.layer_types}")
+            if "linear" in self.layer_types and not self.linear_attention:
+                raise ValueError("ArchSpec.linear_attention (GdnDims fields) is required with linear layers")
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Some layers are linear attention (Gated DeltaNet)."""
+        return bool(self.layer_types) and "linear" in self.layer_types  # type: ignore[operator]
+
+    def layer_kind(self, layer: int) -> str:
+        """``"full"`` or ``"linear"`` for global layer ``layer``."""
+        return self.layer_types[layer] if self.layer_types else "full"
 
     @property
     def is_moe(self) -> bool:
@@ -97,9 +123,16 @@ class ArchSpec:
                 mlp += 3 * h * self.moe_shared_expert_intermediate_size + h
         else:
             mlp = 3 * h * self.ffn_hidden_size
-        per_layer = attn + mlp + 2 * h
+        if self.attention_output_gate:
+            attn += h * nh * d
+        n_linear = sum(1 for k in (self.layer_types or ()) if k == "linear")
+        total = (self.num_layers - n_linear) * (attn + mlp + 2 * h) + n_linear * (mlp + 2 * h)
+        if n_linear:
+            from megatron_maspo.model.gdn_dims import GdnDims
+
+            total += n_linear * GdnDims(**self.linear_attention).num_parameters(h)  # type: ignore[arg-type]
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + emb + h
+        return total + emb + h
 
     def validate_layout(self, tp: int, pp: int, ep: int = 1, vpp: int | None = None, *,
                         sequence_parallel: bool = False) -> None:
@@ -121,6 +154,10 @@ class ArchSpec:
         if self.num_layers % chunks:
             raise ValueError(f"num_layers={self.num_layers} is not divisible by pipeline stages x "
                              f"virtual chunks = {pp} x {vpp or 1}")
+        if self.is_hybrid:
+            from megatron_maspo.model.gdn_dims import GdnDims
+
+            GdnDims(**self.linear_attention).check_tp(tp)  # type: ignore[arg-type]
         if self.ffn_hidden_size % tp:
             raise ValueError(f"ffn_hidden_size={self.ffn_hidden_size} is not divisible by tp={tp}")
         if self.is_moe:

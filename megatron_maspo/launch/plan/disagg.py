@@ -305,7 +305,7 @@ def estimate_disaggregated(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nod
     mem, _ = P._memory(cfg, spec, lay, dp, sh, 0.0, 0.0, hw)  # no engine on a training GPU
     w_bytes = 2 * spec.num_parameters()
     eng = engine_memory(cfg, share, engine_w, w_bytes, hw)
-    kv_seqs = int(max(0.0, kv_pool) // (P.kv_bytes_per_token(spec, lay.vllm_tp) * sh.seq_max))
+    kv_seqs = int(max(0.0, kv_pool) // P.cache_bytes_per_sequence(spec, lay.vllm_tp, sh.seq_max))
     reasons += _pool_memory_reasons(mem, eng, kv_seqs, sh.seq_max, kv_pool, hw)
     old_lp, update = P._trainer_seconds(cfg, spec, lay, sh, t, hw, gpus_per_node)
     fleet = pools.fleet

@@ -100,6 +100,7 @@ from megatron_maspo.launch.plan.memory import category_bytes, offloaded_bytes
 from megatron_maspo.launch.plan.model import (
     activation_bytes,
     active_params,
+    cache_bytes_per_sequence,
     dense_attention_bytes,
     expert_active_params,
     gemm_mfu,
@@ -124,7 +125,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GIB", "Assumptions", "Layout", "Memory", "Plan", "StepTime", "active_params", "activation_bytes",
            "apply_layout", "arch_of", "dense_attention_bytes", "estimate", "expert_active_params", "fleet_of",
-           "format_plan", "kv_bytes_per_token", "layout_of", "local_params", "suggest"]
+           "format_plan", "cache_bytes_per_sequence", "kv_bytes_per_token", "layout_of", "local_params", "suggest"]
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +275,7 @@ def _engine_bytes(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, wor
         engine = ro.vllm_gpu_memory_utilization * hw.gpu_mem_gb * GIB
         kv_pool = engine - engine_w - hw.engine_overhead_gb * GIB
     else:  # builtin engine: a bf16 copy plus KV for this rank's sequences at full length
-        kv_pool = ro.group_size * tr.prompts_per_step / world * sh.seq_max * kv_bytes_per_token(spec, 1)
+        kv_pool = ro.group_size * tr.prompts_per_step / world * cache_bytes_per_sequence(spec, 1, sh.seq_max)
         engine = engine_w + kv_pool
     return engine, engine_w, kv_pool
 
@@ -379,7 +380,7 @@ def _generation(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, fleet
     kvpt = kv_bytes_per_token(spec, lay.vllm_tp)
     per_engine = max(fleet.shard_sizes(tr.prompts_per_step)) * ro.group_size if fleet else sh.n_seqs
     live = sh.avg_prompt + sh.avg_resp / 2
-    conc = max(1, min(per_engine, int(max(0.0, kv_pool) // (kvpt * live))))
+    conc = max(1, min(per_engine, int(max(0.0, kv_pool) // cache_bytes_per_sequence(spec, lay.vllm_tp, live))))
     w_full = w_tail = engine_w
     if spec.is_moe:
         assert spec.num_moe_experts and spec.moe_ffn_hidden_size
@@ -416,7 +417,7 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     sh = _shape(cfg, spec, lay, dp, hw, reasons)
     engine, engine_w, kv_pool = _engine_bytes(cfg, spec, lay, sh, world, hw)
     mem, off = _memory(cfg, spec, lay, dp, sh, engine, engine_w, hw)
-    kv_seqs = int(max(0.0, kv_pool) // (kv_bytes_per_token(spec, lay.vllm_tp) * sh.seq_max))
+    kv_seqs = int(max(0.0, kv_pool) // cache_bytes_per_sequence(spec, lay.vllm_tp, sh.seq_max))
     reasons += _memory_reasons(mem, sh, kv_pool, kv_seqs, hw)
     old_lp, update = _trainer_seconds(cfg, spec, lay, sh, world, hw, gpus_per_node)
     fleet = fleet_of(cfg, lay, world)  # the layout the trainer builds (rollout/fleet.py)

@@ -14,12 +14,12 @@ def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[
     """(non-expert, expert) parameters held by one GPU of the worst pipeline stage."""
     h, t = spec.hidden_size, lay.tp
     nh, g, d = spec.num_attention_heads, spec.num_query_groups, spec.kv_channels
-    attn = (h * nh * d + 2 * h * g * d + nh * d * h) / t
+    attn = (h * nh * d * (2 if spec.attention_output_gate else 1) + 2 * h * g * d + nh * d * h) / t
     if spec.add_qkv_bias:
         attn += (nh * d + 2 * g * d) / t
     if spec.qk_layernorm:
         attn += 2 * d
-    dense, expert = attn + 2 * h, 0.0
+    dense, expert = 2 * h, 0.0
     if spec.is_moe:
         assert spec.num_moe_experts and spec.moe_ffn_hidden_size
         # experts are split over EP only: the trainer sets expert_tensor_parallel_size=1 (model/moe.py)
@@ -30,13 +30,28 @@ def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[
     else:
         dense += 3 * h * spec.ffn_hidden_size / t
     layers = spec.num_layers // lay.pp
+    mixers = layers * attn
+    if spec.is_hybrid:  # linear layers hold a Gated DeltaNet instead: count the worst stage's mix
+        from megatron_maspo.model.gdn_dims import GdnDims
+
+        dims = GdnDims(**spec.linear_attention)  # type: ignore[arg-type]
+        gdn = (dims.num_parameters(h) - dims.value_head_dim) / t + dims.value_head_dim  # norm replicated
+        mixers = max(sum(gdn if spec.layer_kind(i) == "linear" else attn for i in stage)
+                     for stage in stage_layers(spec.num_layers, lay.pp, lay.vpp))
     emb = spec.padded_vocab_size(t, divisible_by) * h / t
     if lay.pp == 1:
         extra = emb * (1 if spec.tie_word_embeddings else 2) + h
     else:
         # Stage 0 holds the embedding, the last stage the output layer (a copy when tied) + final norm.
         extra = emb + h
-    return layers * dense + extra, layers * expert
+    return mixers + layers * dense + extra, layers * expert
+
+
+def stage_layers(num_layers: int, pp: int, vpp: int | None) -> list[list[int]]:
+    """Global layer ids of each pipeline stage (virtual chunk ``c`` of ``pp·vpp`` sits on stage ``c % pp``)."""
+    chunks = pp * (vpp or 1)
+    per = num_layers // chunks
+    return [[i for c in range(s, chunks, pp) for i in range(c * per, (c + 1) * per)] for s in range(pp)]
 
 
 def activation_bytes(spec: ArchSpec, tp: int, recompute: str | None, elt: int,
@@ -65,9 +80,26 @@ def dense_attention_bytes(spec: ArchSpec, lay: Layout, seq: int, inflight: float
 
 
 def kv_bytes_per_token(spec: ArchSpec, vllm_tp: int) -> float:
-    """bf16 K and V of all layers for one token on one engine GPU (KV heads replicate when vllm_tp > n_g)."""
+    """bf16 K and V of the softmax-attention layers for one token on one engine GPU (KV heads replicate
+    when vllm_tp > n_g); linear-attention layers (Qwen3.5's Gated DeltaNet) keep no per-token cache."""
     heads = max(1, math.ceil(spec.num_query_groups / vllm_tp))
-    return 2 * spec.num_layers * heads * spec.kv_channels * 2
+    full = sum(1 for i in range(spec.num_layers) if spec.layer_kind(i) == "full")
+    return 2 * full * heads * spec.kv_channels * 2
+
+
+def recurrent_state_bytes(spec: ArchSpec, vllm_tp: int) -> float:
+    """bf16 decode state one sequence holds in the linear-attention layers on one engine GPU (delta state
+    and conv window, split by heads over the engine's TP); 0 for models without such layers."""
+    from megatron_maspo.model.families.registry import get_family
+
+    per_seq = get_family(spec.family).recurrent_state_bytes
+    return per_seq(spec, 2) / vllm_tp if per_seq is not None else 0.0
+
+
+def cache_bytes_per_sequence(spec: ArchSpec, vllm_tp: int, tokens: float) -> float:
+    """Generation cache of one sequence of ``tokens`` tokens on one engine GPU: KV per token for the
+    softmax layers plus the fixed recurrent state of the linear ones."""
+    return tokens * kv_bytes_per_token(spec, vllm_tp) + recurrent_state_bytes(spec, vllm_tp)
 
 
 def active_params(spec: ArchSpec) -> float:

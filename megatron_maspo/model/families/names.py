@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from megatron_maspo.model.families.hybrid_names import GatedQKV, GdnConv, GdnInProj
+
 Condition = Literal["qkv_bias", "qk_norm", "untied"]
 
 
@@ -70,7 +72,7 @@ class GatedMLP:
         return (self.gate, self.up)
 
 
-Entry = Direct | QKV | GatedMLP
+Entry = Direct | QKV | GatedMLP | GatedQKV | GdnInProj | GdnConv
 
 
 @dataclass(frozen=True)

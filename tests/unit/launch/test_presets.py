@@ -22,6 +22,12 @@ PUBLISHED = {
     "qwen3-32b": 32_762_123_264,  # from config.json shapes; the model card rounds to 32.8 B
     "qwen3-30b-a3b": 30_532_122_624,
     "smollm2-135m": 134_515_008,
+    # Qwen3.5: text model from the config shapes (transformers' count); vision tower and MTP excluded
+    "qwen3.5-9b": 8_953_803_264,
+    "qwen3.5-27b": 26_895_998_464,
+    "qwen3.5-35b-a3b": 34_660_610_688,
+    "qwen3.5-122b-a10b": 122_111_526_912,
+    "qwen3.5-397b-a17b": 396_346_350_336,
 }
 
 
