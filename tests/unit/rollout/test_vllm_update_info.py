@@ -9,7 +9,12 @@ import pytest
 
 from megatron_maspo.model.families.registry import families
 from megatron_maspo.rollout.transfer_plan import TrainerLayout, build_plan
-from megatron_maspo.rollout.vllm_update_info import UPDATE_INFO_FIELDS, group_ranks, init_metadata, update_infos
+from megatron_maspo.rollout.vllm_update_info import (
+    UPDATE_INFO_FIELDS,
+    group_ranks,
+    init_metadata,
+    update_infos,
+)
 
 
 def _spec(name: str):
