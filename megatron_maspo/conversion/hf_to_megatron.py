@@ -24,7 +24,14 @@ from megatron_maspo.conversion.plan import (
     resolve,
     unwrap,
 )
-from megatron_maspo.conversion.shard import gated_shard, pad_vocab, qkv_shard, tp_shard
+from megatron_maspo.conversion.shard import (
+    gated_shard,
+    pad_vocab,
+    qkv_shard,
+    rope_block,
+    rope_rows_to_megatron,
+    tp_shard,
+)
 from megatron_maspo.conversion.validate import safetensors_files
 from megatron_maspo.errors import InputError
 from megatron_maspo.model.spec import ArchSpec
@@ -108,6 +115,8 @@ def _megatron_shard(entry: Entry, hf: list[torch.Tensor], spec: ArchSpec, tp: in
         return gated_shard(hf[0], hf[1], tp, rank)
     assert isinstance(entry, Direct)
     full = pad_vocab(hf[0], padded_rows) if entry.vocab and padded_rows else hf[0]
+    if reorder := rope_block(entry.rope_rows, spec, full.shape[0]):
+        full = rope_rows_to_megatron(full, *reorder)
     return tp_shard(full, entry.split, tp, rank)
 
 

@@ -32,7 +32,10 @@ def enabled(entry: Entry, spec: ArchSpec) -> bool:
         return spec.qk_layernorm
     if entry.when == "untied":
         return not spec.tie_word_embeddings
-    raise ValueError(f"unknown mapping condition {entry.when!r}; accepted: qkv_bias, qk_norm, untied")
+    if entry.when in ("q_lora", "no_q_lora"):
+        return spec.is_mla and (spec.q_lora_rank is not None) == (entry.when == "q_lora")
+    raise ValueError(f"unknown mapping condition {entry.when!r}; accepted: qkv_bias, qk_norm, untied, q_lora, "
+                     "no_q_lora")
 
 
 def fill(template: str, **kw: int) -> str:

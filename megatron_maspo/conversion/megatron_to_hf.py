@@ -28,7 +28,14 @@ from megatron_maspo.conversion.plan import (
     resolve,
     unwrap,
 )
-from megatron_maspo.conversion.shard import gated_merge, qkv_merge, tp_merge, unpad_vocab
+from megatron_maspo.conversion.shard import (
+    gated_merge,
+    qkv_merge,
+    rope_block,
+    rope_rows_to_hf,
+    tp_merge,
+    unpad_vocab,
+)
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.groups import ParallelGroups
@@ -66,6 +73,8 @@ def _to_hf(item: Item, parts: list[torch.Tensor], spec: ArchSpec) -> list[torch.
         return list(gated_merge(parts))
     assert isinstance(e, Direct)
     full = tp_merge(parts, e.split)
+    if reorder := rope_block(e.rope_rows, spec, full.shape[0]):
+        full = rope_rows_to_hf(full, *reorder)
     return [unpad_vocab(full, spec.vocab_size) if e.vocab else full]
 
 

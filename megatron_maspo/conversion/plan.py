@@ -63,10 +63,22 @@ def hf_shape(name: str, spec: ArchSpec) -> tuple[int, ...]:
         "o_proj.weight": (h, nq), "gate_proj.weight": (f, h), "up_proj.weight": (f, h),
         "down_proj.weight": (h, f), "mlp.gate.weight": (spec.num_moe_experts or 0, h),
     }
+    if spec.is_mla:  # checked first: "kv_a_layernorm.weight" also ends in "layernorm.weight"
+        rules = {**_mla_shapes(spec), **rules}
     for suffix, shape in rules.items():
         if name.endswith(suffix):
             return shape
     raise ValueError(f"HF tensor {name!r} is not part of a {spec.family} checkpoint")
+
+
+def _mla_shapes(spec: ArchSpec) -> dict[str, tuple[int, ...]]:
+    """HF shapes of the multi-latent attention tensors (``o_proj`` is the generic rule: ``kv_channels`` is
+    the value head dim)."""
+    h, nh, q, kv = spec.hidden_size, spec.num_attention_heads, spec.q_lora_rank or 0, spec.kv_lora_rank or 0
+    qk = nh * (spec.qk_head_dim + spec.qk_pos_emb_head_dim)
+    return {"q_a_proj.weight": (q, h), "q_a_layernorm.weight": (q,), "q_b_proj.weight": (qk, q),
+            "self_attn.q_proj.weight": (qk, h), "kv_a_proj_with_mqa.weight": (kv + spec.qk_pos_emb_head_dim, h),
+            "kv_a_layernorm.weight": (kv,), "kv_b_proj.weight": (nh * (spec.qk_head_dim + spec.kv_channels), kv)}
 
 
 def chunk_layers(chunk: torch.nn.Module) -> list[int]:

@@ -74,8 +74,8 @@ def arch_spec_from_hf(config: Any) -> ArchSpec:
     fields = family.from_hf(cfg, d)
     if family.qkv_bias == "always":  # e.g. Qwen2: q/k/v biases with no config key
         fields["add_qkv_bias"] = True
-    return ArchSpec(family=family.name, qk_layernorm=family.qk_norm,
-                    extra={k: d[k] for k in TOKEN_ID_KEYS if d.get(k) is not None}, **fields)
+    extra = {**{k: d[k] for k in TOKEN_ID_KEYS if d.get(k) is not None}, **fields.pop("extra", {})}
+    return ArchSpec(family=family.name, qk_layernorm=family.qk_norm, extra=extra, **fields)
 
 
 def hf_config_dict(spec: ArchSpec) -> dict:

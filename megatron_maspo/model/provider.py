@@ -209,6 +209,12 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
         kw.update(recompute_granularity="selective")
     elif opts.recompute is not None:
         raise ValueError(f"recompute={opts.recompute!r}; accepted: None, 'selective', 'full'")
+    if spec.is_mla:
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        from megatron_maspo.model.mla import mla_transformer_kwargs
+
+        return MLATransformerConfig(**kw, **mla_transformer_kwargs(spec))
     return TransformerConfig(**kw)
 
 
@@ -223,21 +229,32 @@ def layer_spec(spec: ArchSpec, opts: ModelBuildOptions):
         return te_layer_spec(spec, grouped_gemm=moe_grouped_gemm(opts))
     if opts.sequence_parallel:
         raise ValueError("sequence_parallel needs the Transformer Engine spec (attention_backend='te')")
+    if spec.is_mla:
+        from megatron_maspo.model.mla import mla_layer_spec
+
+        return mla_layer_spec(spec, grouped_gemm=moe_grouped_gemm(opts), core_attention=_core_attention(opts))
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     lspec = get_gpt_layer_local_spec(num_experts=spec.num_moe_experts, moe_grouped_gemm=moe_grouped_gemm(opts),
                                      qk_layernorm=spec.qk_layernorm, normalization="RMSNorm")
+    core = _core_attention(opts)  # varlen: one flash call per layer (GPU; model/varlen_attention.py)
+    if core is not None:
+        attention: Any = lspec.submodules.self_attention  # type: ignore[attr-defined]
+        attention.submodules.core_attention = core
+    return lspec
+
+
+def _core_attention(opts: ModelBuildOptions) -> type | None:
+    """The local spec's core attention class for ``opts.attention_backend`` (None: Megatron's own)."""
     if opts.attention_backend == "packed_sdpa":
         from megatron_maspo.model.packed_attention import PackedSDPAttention
 
-        attention: Any = lspec.submodules.self_attention  # type: ignore[attr-defined]
-        attention.submodules.core_attention = PackedSDPAttention
-    elif opts.attention_backend == "varlen":  # one varlen flash call per layer (GPU; model/varlen_attention.py)
+        return PackedSDPAttention
+    if opts.attention_backend == "varlen":
         from megatron_maspo.model.varlen_attention import VarlenAttention
 
-        attention = lspec.submodules.self_attention  # type: ignore[attr-defined]
-        attention.submodules.core_attention = VarlenAttention
-    return lspec
+        return VarlenAttention
+    return None
 
 
 def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int) -> list:

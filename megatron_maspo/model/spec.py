@@ -40,8 +40,21 @@ class ArchSpec:
     rotary_base: float = 10000.0
     rotary_percent: float = 1.0
     rope_scaling: str | None = None
-    """None, ``"llama3"`` (megatron hard-codes low=1, high=4, original=8192) or ``"linear"``."""
+    """None, ``"llama3"`` (megatron hard-codes low=1, high=4, original=8192), ``"linear"`` or ``"yarn"``
+    (multi-latent attention only: megatron-core applies YaRN inside ``MLASelfAttention``)."""
     rope_scaling_factor: float = 1.0
+    yarn_original_max_position_embeddings: int | None = None
+    """YaRN: the pre-training context (HF ``rope_parameters["original_max_position_embeddings"]``)."""
+    yarn_beta_fast: float = 32.0
+    """YaRN β_fast (rotations above which a dimension is extrapolated); paper and DeepSeek-V3: 32."""
+    yarn_beta_slow: float = 1.0
+    """YaRN β_slow (rotations below which a dimension is interpolated); paper and DeepSeek-V3: 1."""
+    yarn_mscale: float = 1.0
+    """YaRN ``mscale``: cos/sin are multiplied by ``m(s, mscale) / m(s, mscale_all_dim)`` with
+    ``m(s, a) = 0.1·a·ln s + 1`` (``s`` = ``rope_scaling_factor``); DeepSeek-V3: 1.0."""
+    yarn_mscale_all_dim: float = 0.0
+    """YaRN ``mscale_all_dim``: the softmax scale is ``m(s, mscale_all_dim)² / sqrt(d_qk)``; 0 leaves it
+    at ``1/sqrt(d_qk)``. DeepSeek-V3: 1.0."""
     layernorm_epsilon: float = 1e-6
     add_qkv_bias: bool = False
     qk_layernorm: bool = False
@@ -51,6 +64,21 @@ class ArchSpec:
     moe_router_topk: int = 2
     moe_norm_topk_prob: bool = True
     moe_shared_expert_intermediate_size: int | None = None
+    kv_lora_rank: int | None = None
+    """Multi-latent attention (DeepSeek-V2/V3, HF ``kv_lora_rank``): rank of the compressed KV latent
+    ``c_kv`` that K and V are expanded from; None = standard attention (every other MLA field unused).
+    With MLA, ``kv_channels`` is the value head dim and ``num_query_groups`` equals the heads."""
+    q_lora_rank: int | None = None
+    """MLA: rank of the query's low-rank projection (HF ``q_lora_rank``: ``q_a_proj`` -> RMSNorm ->
+    ``q_b_proj``); None = one full ``q_proj`` (DeepSeek-V2-Lite)."""
+    qk_head_dim: int = 0
+    """MLA: per-head query/key dims without rotary (HF ``qk_nope_head_dim``; DeepSeek-V3: 128)."""
+    qk_pos_emb_head_dim: int = 0
+    """MLA: per-head rotary dims, the key's shared by all heads (HF ``qk_rope_head_dim``; 64)."""
+    mla_rope_interleave: bool = True
+    """MLA: the HF checkpoint lays each head's rotary dims out as interleaved pairs (HF ``rope_interleave``,
+    DeepSeek-V3: True), which is what megatron-core's MLA RoPE de-interleaves; False (rotate-half
+    layout) makes conversion interleave those weight rows on import and undo it on export."""
     extra: dict = field(default_factory=dict)
     """Family-specific values carried through for export (e.g. ``bos_token_id``)."""
 
@@ -68,14 +96,25 @@ class ArchSpec:
                 f"ArchSpec.num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_query_groups={self.num_query_groups}"
             )
-        if self.rope_scaling not in (None, "llama3", "linear"):
-            raise ValueError(f"ArchSpec.rope_scaling={self.rope_scaling!r}; accepted: None, 'llama3', 'linear'")
+        if self.rope_scaling not in (None, "llama3", "linear", "yarn"):
+            raise ValueError(f"ArchSpec.rope_scaling={self.rope_scaling!r}; accepted: None, 'llama3', 'linear', "
+                             "'yarn'")
+        if self.is_mla:
+            _check_mla(self)
+        elif self.rope_scaling == "yarn":
+            raise ValueError("ArchSpec.rope_scaling='yarn' is implemented for multi-latent attention only "
+                             "(kv_lora_rank set)")
         if self.is_moe and not self.moe_ffn_hidden_size:
             raise ValueError("ArchSpec.moe_ffn_hidden_size is required when num_moe_experts is set")
 
     @property
     def is_moe(self) -> bool:
         return bool(self.num_moe_experts)
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-latent attention (``kv_lora_rank`` set)."""
+        return self.kv_lora_rank is not None
 
     def padded_vocab_size(self, tp: int, divisible_by: int = 128) -> int:
         """Vocabulary rows in Megatron's embedding: V rounded up to a multiple of ``divisible_by*tp``."""
@@ -86,7 +125,9 @@ class ArchSpec:
         """Parameter count of the HF model (unpadded vocab, embeddings counted once if tied)."""
         h, nh, g, d = self.hidden_size, self.num_attention_heads, self.num_query_groups, self.kv_channels
         attn = h * nh * d + 2 * h * g * d + nh * d * h
-        if self.add_qkv_bias:
+        if self.is_mla:
+            attn = mla_attention_parameters(self)
+        elif self.add_qkv_bias:
             attn += nh * d + 2 * g * d
         if self.qk_layernorm:
             attn += 2 * d
@@ -121,6 +162,14 @@ class ArchSpec:
         if self.num_layers % chunks:
             raise ValueError(f"num_layers={self.num_layers} is not divisible by pipeline stages x "
                              f"virtual chunks = {pp} x {vpp or 1}")
+        if self.is_mla:
+            for name in ("q_lora_rank", "kv_lora_rank"):
+                # column-parallel down projections, gathered after the matmul (MLASelfAttention)
+                rank = getattr(self, name) or 0
+                rows = rank + (self.qk_pos_emb_head_dim if name == "kv_lora_rank" else 0)
+                if rows % tp:
+                    raise ValueError(f"{name}={rank} (+ rotary dims for kv) gives {rows} rows of the MLA "
+                                     f"down projection, not divisible by tensor_model_parallel_size={tp}")
         if self.ffn_hidden_size % tp:
             raise ValueError(f"ffn_hidden_size={self.ffn_hidden_size} is not divisible by tp={tp}")
         if self.is_moe:
@@ -135,6 +184,38 @@ class ArchSpec:
                                  "(CPU) runs MoE at TP=1 with EP")
         elif ep != 1:
             raise ValueError(f"expert_model_parallel_size={ep} given for a dense model")
+
+
+def _check_mla(spec: ArchSpec) -> None:
+    """The MLA fields of ``spec`` are complete and consistent (``ValueError`` naming the field)."""
+    for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim"):
+        if (getattr(spec, name) or 0) <= 0:
+            raise ValueError(f"ArchSpec.{name} must be > 0 with multi-latent attention, got {getattr(spec, name)}")
+    if spec.q_lora_rank is not None and spec.q_lora_rank <= 0:
+        raise ValueError(f"ArchSpec.q_lora_rank must be > 0 or None, got {spec.q_lora_rank}")
+    if spec.qk_pos_emb_head_dim % 2:
+        raise ValueError(f"ArchSpec.qk_pos_emb_head_dim={spec.qk_pos_emb_head_dim} must be even (rotary pairs)")
+    if spec.num_query_groups != spec.num_attention_heads:
+        raise ValueError("multi-latent attention expands one key/value per head: num_query_groups="
+                         f"{spec.num_query_groups} must equal num_attention_heads={spec.num_attention_heads}")
+    if spec.rope_scaling not in (None, "yarn"):
+        raise ValueError(f"ArchSpec.rope_scaling={spec.rope_scaling!r} with multi-latent attention; accepted: "
+                         "None, 'yarn' (megatron-core's MLA has no llama3/linear scaling)")
+    if spec.rope_scaling == "yarn" and not spec.yarn_original_max_position_embeddings:
+        raise ValueError("ArchSpec.yarn_original_max_position_embeddings is required with rope_scaling='yarn'")
+    if spec.qk_layernorm or spec.add_qkv_bias or spec.rotary_percent != 1.0:
+        raise ValueError("multi-latent attention has no q/k norms, QKV bias or partial rotary "
+                         "(qk_layernorm, add_qkv_bias, rotary_percent)")
+
+
+def mla_attention_parameters(spec: ArchSpec) -> int:
+    """Parameters of one MLA block: q (low-rank + norm, or full), KV down (+ rotary key) + norm, KV up, out."""
+    h, nh = spec.hidden_size, spec.num_attention_heads
+    qk = spec.qk_head_dim + spec.qk_pos_emb_head_dim
+    kv = spec.kv_lora_rank or 0
+    q = h * nh * qk if spec.q_lora_rank is None else spec.q_lora_rank * (h + 1 + nh * qk)
+    return q + h * (kv + spec.qk_pos_emb_head_dim) + kv + kv * nh * (spec.qk_head_dim + spec.kv_channels) \
+        + nh * spec.kv_channels * h
 
 
 def tiny_qwen2_spec(vocab_size: int = 384, *, num_layers: int = 2, hidden_size: int = 64,

@@ -83,7 +83,8 @@ class ModelFamily:
     from_hf: Callable[[Any, dict], SpecFields]
     """``(transformers config with its defaults filled, the raw config.json dict)`` -> ``ArchSpec``
     fields; raises ``ValueError`` naming the field for anything Megatron-Core cannot reproduce exactly.
-    ``qk_layernorm``, ``extra`` and (for ``qkv_bias="always"``) ``add_qkv_bias`` are then set by the reader."""
+    ``qk_layernorm``, the token ids in ``extra`` (merged with any ``extra`` it returns) and (for
+    ``qkv_bias="always"``) ``add_qkv_bias`` are then set by the reader."""
     to_hf: Callable[[Any], dict[str, Any]]
     """``ArchSpec`` -> ``config.json`` content (without ``model_type``/``architectures``/``attention_bias``,
     which the reader adds from the declaration and the flags); raises ``ValueError`` for a spec the HF

@@ -15,7 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Condition = Literal["qkv_bias", "qk_norm", "untied"]
+Condition = Literal["qkv_bias", "qk_norm", "untied", "q_lora", "no_q_lora"]
+"""When an entry exists: ``qkv_bias``/``qk_norm`` (the spec's flags), ``untied`` (own LM head), ``q_lora`` /
+``no_q_lora`` (multi-latent attention with / without the low-rank query projection)."""
+
+RopeRows = Literal["per_head", "tail"]
+"""Where an MLA weight keeps rotary rows: the last ``qk_pos_emb_head_dim`` rows of every head's
+``qk_head_dim + qk_pos_emb_head_dim`` block (query projections), or of the whole tensor (the KV down
+projection, ``[kv_lora_rank + d_r, H]``)."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,9 @@ class Direct:
     split: int | None = None
     vocab: bool = False
     when: Condition | None = None
+    rope_rows: RopeRows | None = None
+    """MLA rotary rows, interleaved on import when the HF checkpoint keeps them in rotate-half order
+    (``ArchSpec.mla_rope_interleave=False``) and restored on export (``conversion/shard.py``)."""
 
     @property
     def hf_names(self) -> tuple[str, ...]:
