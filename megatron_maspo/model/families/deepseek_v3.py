@@ -108,7 +108,7 @@ def _from_hf(cfg: Any, d: dict) -> SpecFields:
     if rp.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("rope_parameters.partial_rotary_factor != 1 is not supported for deepseek_v3")
     nh = cfg.num_attention_heads
-    extra = {k: d[k] for k in _UNUSED_MOE if k in d}
+    extra = {k: getattr(cfg, k) for k in _UNUSED_MOE}
     extra[_MTP] = int(cfg.num_mtp_layers or 0)
     return dict(
         num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.intermediate_size,
