@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from megatron_maspo.conversion.mapping import QKV, Direct, Entry, GatedMLP
+from megatron_maspo.conversion.passthrough import passthrough_names
 from megatron_maspo.conversion.plan import (
     hf_shape,
     hf_state_dict_keys,
@@ -95,7 +96,7 @@ def check_hf_keys(src: HFSource, spec: ArchSpec) -> None:
     expected = hf_state_dict_keys(spec)
     got = src.keys()
     missing = [k for k in expected if k not in got]
-    extra = sorted(got - set(expected))
+    extra = sorted(got - set(expected) - set(passthrough_names(spec, got)))  # MTP layers: kept by name
     if missing or extra:
         raise InputError(f"HF checkpoint does not match the {spec.family} spec: missing tensors "
                          f"{missing[:8]}{' ...' if len(missing) > 8 else ''}, unexpected tensors "

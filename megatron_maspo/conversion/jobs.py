@@ -128,10 +128,16 @@ def hf_to_megatron_rank(rank: int, world: int, hf_dir: str, out: str, tp: int, p
     from megatron_maspo.conversion.hf_to_megatron import load_hf_weights
     from megatron_maspo.model.hf_config import arch_spec_from_hf
 
+    from megatron_maspo.conversion.hf_to_megatron import HFSource
+    from megatron_maspo.conversion.passthrough import passthrough_names
+
     spec = arch_spec_from_hf(hf_dir)
     groups, chunks, opts = _groups_and_chunks(spec, tp, pp, ep, hf_checkpoint_dtype(hf_dir))
-    load_hf_weights(chunks, spec, groups, hf_dir)
-    save_model_checkpoint(chunks, out, spec, hf_assets=hf_dir, opts=opts)
+    with HFSource(hf_dir) as src:
+        load_hf_weights(chunks, spec, groups, src)
+        kept = passthrough_names(spec, src.keys())  # MTP layers: copied by name (rank 0)
+        save_model_checkpoint(chunks, out, spec, hf_assets=hf_dir, opts=opts,
+                              passthrough=(src.get, kept) if kept and rank == 0 else None)
     result: dict[str, Any] = {"rank": rank, "out": out}
     if verify:
         for m in chunks:  # reload from disk into zeroed weights: verify the checkpoint, not memory
@@ -163,14 +169,20 @@ def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp:
     tdtype = getattr(torch, dtype) if dtype else next(chunks[0].parameters()).dtype
     stream = export_hf_weights(chunks, spec, groups, dtype=tdtype)
     if rank == 0:
+        import itertools
+
+        from megatron_maspo.conversion.passthrough import count_passthrough, read_passthrough
+
         config = hf_config_dict(spec)
         config["torch_dtype"] = str(tdtype).removeprefix("torch.")
         assets = Path(ckpt) / ASSETS_DIR
         try:
             from megatron_maspo.conversion.plan import hf_state_dict_keys
 
-            save_hf_folder(stream, out, config, copy_from=assets if assets.is_dir() else None,
-                           total=len(hf_state_dict_keys(spec)))
+            # MTP layers kept by name on import, appended as they were (their own dtype)
+            named = itertools.chain(stream, read_passthrough(assets))
+            save_hf_folder(named, out, config, copy_from=assets if assets.is_dir() else None,
+                           total=len(hf_state_dict_keys(spec)) + count_passthrough(assets))
         except BaseException:
             for _ in stream:  # keep the other ranks' collectives matched, then fail
                 pass

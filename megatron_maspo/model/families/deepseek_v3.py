@@ -14,7 +14,8 @@ the unused MoE fields through ``ArchSpec.extra`` so the export writes the same `
 
 Multi-token prediction (``num_nextn_predict_layers``, transformers' ``num_mtp_layers``): the MTP module
 is not built in Megatron (RL trains the main model); its count is carried through ``extra`` and
-written back on export. Block-FP8 checkpoints (``quantization_config``, ``weight_scale_inv``) are refused.
+written back on export, and its tensors (``model.layers.{L}.*``) are passed through by name
+(``conversion/passthrough.py``). Block-FP8 checkpoints (``quantization_config``, ``weight_scale_inv``) are refused.
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ FAMILY = ModelFamily(
     names=FamilyTable("deepseek_v3", llama_style.PRE, MLA_ATTENTION + llama_style.DENSE_MLP, llama_style.POST),
     from_hf=_from_hf,
     to_hf=_to_hf,
+    passthrough=("model.layers.{mtp_layer}.",),  # MTP layers (conversion/passthrough.py)
     # MLA with a low-rank query, YaRN (factor 4 over 128 positions, mscale != mscale_all_dim so both the
     # cos/sin concentration and the softmax scale differ from 1), interleaved rotary rows, untied, all
     # layers dense (the MoE fields are valid but unused).
