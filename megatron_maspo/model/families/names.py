@@ -15,7 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Condition = Literal["qkv_bias", "qk_norm", "untied"]
+Condition = Literal["qkv_bias", "qk_norm", "untied", "expert_bias", "shared_expert", "dense_layer", "moe_layer"]
+"""When an entry exists: a spec flag (``qkv_bias``, ``qk_norm``, ``untied``, ``expert_bias`` (the router's
+correction bias), ``shared_expert``) or the kind of its layer (``dense_layer``: a dense MLP among MoE
+layers, HF ``first_k_dense_replace``; ``moe_layer``: a layer with routed experts)."""
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,8 @@ class Direct:
     """One HF tensor <-> one Megatron tensor.
 
     ``split`` is the TP split dim (0: column-parallel, 1: row-parallel, None: replicated);
-    ``vocab`` marks vocab-parallel rows padded from V to Vp.
+    ``vocab`` marks vocab-parallel rows padded from V to Vp; ``fp32`` tensors keep float32 on export
+    whatever the export dtype (the router's correction bias, which HF also keeps in fp32).
     """
 
     hf: str
@@ -31,6 +35,7 @@ class Direct:
     split: int | None = None
     vocab: bool = False
     when: Condition | None = None
+    fp32: bool = False
 
     @property
     def hf_names(self) -> tuple[str, ...]:
