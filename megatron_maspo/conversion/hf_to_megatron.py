@@ -18,12 +18,12 @@ import torch
 from megatron_maspo.conversion.mapping import QKV, Direct, Entry, GatedMLP
 from megatron_maspo.conversion.passthrough import passthrough_names
 from megatron_maspo.conversion.plan import (
+    chunk_tensors,
     hf_shape,
     hf_state_dict_keys,
     local_items,
     mcore_names,
     resolve,
-    unwrap,
 )
 from megatron_maspo.conversion.shard import (
     gated_shard,
@@ -149,7 +149,7 @@ def load_hf_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Paral
         check_hf_keys(src, spec)
         plans = []
         for chunk in chunks:  # plan everything first: a table error leaves the model untouched
-            params = dict(unwrap(chunk).named_parameters())
+            params = chunk_tensors(chunk)
             plan, used = [], set()
             for item, local_layer in local_items(chunk, spec):
                 for mname, expert in mcore_names(item, local_layer, spec, groups.ep, groups.ep_rank):

@@ -22,20 +22,24 @@ def is_expert(entry: Entry) -> bool:
     return "{expert}" in entry.hf_names[0]
 
 
-def enabled(entry: Entry, spec: ArchSpec) -> bool:
-    """Whether ``entry`` exists for ``spec`` (its ``when`` condition holds)."""
-    if entry.when is None:
+def enabled(entry: Entry, spec: ArchSpec, layer: int | None = None) -> bool:
+    """Whether ``entry`` exists for ``spec`` (at global layer ``layer`` for a layer entry)."""
+    w = entry.when
+    if w is None:
         return True
-    if entry.when == "qkv_bias":
-        return spec.add_qkv_bias
-    if entry.when == "qk_norm":
-        return spec.qk_layernorm
-    if entry.when == "untied":
-        return not spec.tie_word_embeddings
-    if entry.when in ("q_lora", "no_q_lora"):
-        return spec.is_mla and (spec.q_lora_rank is not None) == (entry.when == "q_lora")
-    raise ValueError(f"unknown mapping condition {entry.when!r}; accepted: qkv_bias, qk_norm, untied, q_lora, "
-                     "no_q_lora")
+    if w in ("dense_layer", "moe_layer"):
+        if layer is None:
+            raise ValueError(f"mapping condition {w!r} needs the layer index")
+        return spec.is_moe_layer(layer) == (w == "moe_layer")
+    if w in ("q_lora", "no_q_lora"):  # multi-latent attention with / without the low-rank query
+        return spec.is_mla and (spec.q_lora_rank is not None) == (w == "q_lora")
+    flags = {"qkv_bias": spec.add_qkv_bias, "qk_norm": spec.qk_layernorm, "untied": not spec.tie_word_embeddings,
+             "expert_bias": spec.moe_router_expert_bias,
+             "shared_expert": bool(spec.moe_shared_expert_intermediate_size)}
+    if w not in flags:
+        raise ValueError(f"unknown mapping condition {w!r}; accepted: {sorted(flags)}, dense_layer, moe_layer, "
+                         "q_lora, no_q_lora")
+    return flags[w]
 
 
 def fill(template: str, **kw: int) -> str:

@@ -22,6 +22,7 @@ from megatron_maspo.conversion.mapping import QKV, Direct, GatedMLP, is_expert
 from megatron_maspo.conversion.plan import (
     Item,
     chunk_layers,
+    chunk_tensors,
     global_items,
     hf_shape,
     mcore_names,
@@ -85,7 +86,8 @@ def _owned_tensors(item: Item, params: dict, local_layer: int | None, spec: Arch
     if not is_expert(item.entry):
         local = params[resolve(params, names[0][0])].detach()
         parts = _gather(local, groups.tp if item.entry.split is not None else 1, groups.tp_group)
-        return [t.to(dtype) for t in _to_hf(item, parts, spec)]
+        keep = torch.float32 if getattr(item.entry, "fp32", False) else dtype
+        return [t.to(keep) for t in _to_hf(item, parts, spec)]
     # Experts: stack this EP rank's experts, gather the stacks (EP rank order = global expert order).
     local = torch.stack([params[resolve(params, n)].detach() for n, _ in names])
     experts = torch.cat(_gather(local, groups.ep, groups.ep_group), dim=0)
@@ -127,13 +129,13 @@ def export_hf_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Par
     # Where each of my global layers lives: (params of its chunk, stage-local index).
     local: dict[int, tuple[dict, int]] = {}
     for chunk in chunks:
-        params = dict(unwrap(chunk).named_parameters())
+        params = chunk_tensors(chunk)
         for i, layer in enumerate(chunk_layers(chunk)):
             local[layer] = (params, i)
     models = [unwrap(c) for c in chunks]
     device = next(models[0].parameters()).device
-    first = dict(models[0].named_parameters())
-    last = dict(models[-1].named_parameters())
+    first = chunk_tensors(models[0])
+    last = chunk_tensors(models[-1])
     for item in global_items(spec):
         owner = {"pre": owner_pre, "post": owner_post}.get(item.section) if item.layer is None \
             else owner_layer[item.layer]
@@ -146,7 +148,8 @@ def export_hf_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Par
             tensors = _owned_tensors(item, params, local_layer, spec, groups, wire)
         else:
             # receive buffers where the owner's tensors are: the parameters' device
-            tensors = [torch.empty(hf_shape(n, spec), dtype=wire, device=device) for n in names]
+            tensors = [torch.empty(hf_shape(n, spec), dtype=torch.float32 if getattr(item.entry, "fp32", False)
+                                   else wire, device=device) for n in names]
         if groups.pp > 1:
             src = dist.get_global_rank(groups.pp_group, owner)
             for t in tensors:

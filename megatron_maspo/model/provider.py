@@ -73,6 +73,10 @@ class ModelBuildOptions:
     """With ``bf16``: router weights stay fp32 and logits are computed in fp32."""
     routing_replay: bool = False
     """Build Megatron's ``RouterReplay`` into every router (``moe_enable_routing_replay``)."""
+    moe_expert_bias_update: bool = False
+    """Update the router's correction bias after each step (aux-loss-free rule); False = frozen."""
+    moe_expert_bias_update_rate: float = 1e-3
+    """Step of that update (``moe_router_bias_update_rate``)."""
 
 
 def attention_options(backend: str, tp: int) -> dict:
@@ -257,6 +261,28 @@ def _core_attention(opts: ModelBuildOptions) -> type | None:
     return None
 
 
+def block_spec(spec: ArchSpec, opts: ModelBuildOptions, tcfg: Any, *, pp_rank: int, vp_stage: int | None):
+    """The decoder spec of one model chunk: one layer spec for every layer, or, with dense first layers
+    (``spec.moe_first_k_dense``), a ``TransformerBlockSubmodules`` holding this chunk's slice of
+    ``[dense] * k + [moe] * (L - k)`` (Megatron's ``moe_layer_freq`` list; its own block-spec builder
+    does not take our core-attention choice, so the slice is cut here with the same offset helpers)."""
+    lspec = layer_spec(spec, opts)
+    if not spec.is_moe or not spec.moe_first_k_dense:
+        return lspec
+    from megatron.core.transformer.transformer_block import (
+        LayerNormImpl,
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    dense = layer_spec(dataclasses.replace(spec, num_moe_experts=None, moe_first_k_dense=0), opts)
+    specs = [dense if not spec.is_moe_layer(i) else lspec for i in range(spec.num_layers)]
+    offset = get_transformer_layer_offset(tcfg, vp_stage=vp_stage, pp_rank=pp_rank)
+    n = get_num_layers_to_build(tcfg, vp_stage=vp_stage, pp_rank=pp_rank)
+    return TransformerBlockSubmodules(layer_specs=specs[offset:offset + n], layer_norm=LayerNormImpl)
+
+
 def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int) -> list:
     """Build this rank's ``GPTModel`` chunk(s): one per virtual pipeline stage (one without VPP).
 
@@ -271,7 +297,6 @@ def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int)
     from megatron.core.models.gpt import GPTModel
 
     tcfg = build_transformer_config(spec, opts)
-    lspec = layer_spec(spec, opts)
     vocab = padded_vocab_size(spec, opts)
     chunks = []
     n_vp = opts.vpp or 1
@@ -280,7 +305,7 @@ def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int)
         post = pp_rank == opts.pp - 1 and vp == n_vp - 1
         model = GPTModel(
             config=tcfg,
-            transformer_layer_spec=lspec,
+            transformer_layer_spec=block_spec(spec, opts, tcfg, pp_rank=pp_rank, vp_stage=vp if opts.vpp else None),
             vocab_size=vocab,
             max_sequence_length=spec.max_position_embeddings,
             pre_process=pre,

@@ -64,6 +64,23 @@ class ArchSpec:
     moe_router_topk: int = 2
     moe_norm_topk_prob: bool = True
     moe_shared_expert_intermediate_size: int | None = None
+    """Width of the always-on shared expert(s) (HF ``moe_intermediate_size * n_shared_experts``)."""
+    moe_shared_expert_gate: bool = False
+    """The shared expert's output is scaled by a sigmoid gate ``[1, H]`` (Qwen2-MoE; not DeepSeek/GLM)."""
+    moe_router_score_function: str = "softmax"
+    """``"softmax"`` (Qwen3-MoE) or ``"sigmoid"`` (DeepSeek-V3, GLM-4.5): s_i = sigmoid(h . w_i)."""
+    moe_router_expert_bias: bool = False
+    """The router holds an fp32 score-correction bias b (HF ``e_score_correction_bias``) added to the
+    scores for top-k selection only: experts = topk(s + b), gate weights from s (DeepSeek-V3 §2.1.2)."""
+    moe_router_num_groups: int | None = None
+    """Group-limited routing (HF ``n_group``): experts split into this many equal groups; None = off."""
+    moe_router_group_topk: int | None = None
+    """Groups kept per token (HF ``topk_group``); each group is scored by its top-(topk / group_topk) scores."""
+    moe_router_topk_scaling_factor: float | None = None
+    """Routed gate weights multiplied by this (HF ``routed_scaling_factor``); None = 1."""
+    moe_first_k_dense: int = 0
+    """The first k layers have a dense MLP of ``ffn_hidden_size`` instead of experts (HF
+    ``first_k_dense_replace``); Megatron's ``moe_layer_freq = [0]*k + [1]*(L-k)``."""
     kv_lora_rank: int | None = None
     """Multi-latent attention (DeepSeek-V2/V3, HF ``kv_lora_rank``): rank of the compressed KV latent
     ``c_kv`` that K and V are expanded from; None = standard attention (every other MLA field unused).
@@ -106,6 +123,18 @@ class ArchSpec:
                              "(kv_lora_rank set)")
         if self.is_moe and not self.moe_ffn_hidden_size:
             raise ValueError("ArchSpec.moe_ffn_hidden_size is required when num_moe_experts is set")
+        if self.is_moe:
+            from megatron_maspo.model.moe_router import validate_router
+
+            validate_router(self)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether global layer ``layer`` (0-based) has routed experts."""
+        return self.is_moe and layer >= self.moe_first_k_dense
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.moe_first_k_dense if self.is_moe else 0
 
     @property
     def is_moe(self) -> bool:
@@ -131,16 +160,19 @@ class ArchSpec:
             attn += nh * d + 2 * g * d
         if self.qk_layernorm:
             attn += 2 * d
+        dense_mlp = 3 * h * self.ffn_hidden_size
+        moe_mlp = 0
         if self.is_moe:
             assert self.num_moe_experts and self.moe_ffn_hidden_size
-            mlp = self.num_moe_experts * 3 * h * self.moe_ffn_hidden_size + h * self.num_moe_experts
+            e = self.num_moe_experts
+            moe_mlp = e * 3 * h * self.moe_ffn_hidden_size + h * e + (e if self.moe_router_expert_bias else 0)
             if self.moe_shared_expert_intermediate_size:
-                mlp += 3 * h * self.moe_shared_expert_intermediate_size + h
-        else:
-            mlp = 3 * h * self.ffn_hidden_size
-        per_layer = attn + mlp + 2 * h
+                moe_mlp += 3 * h * self.moe_shared_expert_intermediate_size
+                moe_mlp += h if self.moe_shared_expert_gate else 0
+        n_moe = self.num_moe_layers
+        layers = (self.num_layers - n_moe) * (attn + dense_mlp + 2 * h) + n_moe * (attn + moe_mlp + 2 * h)
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + emb + h
+        return layers + emb + h
 
     def validate_layout(self, tp: int, pp: int, ep: int = 1, vpp: int | None = None, *,
                         sequence_parallel: bool = False) -> None:

@@ -17,12 +17,14 @@ from megatron_maspo.model.tiny_hf import make_tiny_hf_model
 from tests.distributed._conversion_workers import parity_cases
 from tests.distributed._launch import run_workers
 
-FAMILIES = ["qwen2", "llama", "qwen3", "qwen3_moe", "deepseek_v3"]
+FAMILIES = ["qwen2", "llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3"]
 ALL_DENSE = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1)]
+MOE = ("qwen3_moe", "glm4_moe", "deepseek_v3")
 ALL_MOE = [(1, 1, 1), (1, 1, 2), (1, 2, 1), (1, 2, 2)]
 # Default run: every family at TP1 and at TP2xPP2 (MoE: EP2 at PP1 and PP2); the full grid is slow.
 DEFAULT = {"qwen2": [(1, 1, 1), (2, 2, 1)], "llama": [(1, 1, 1), (2, 2, 1)], "qwen3": [(1, 1, 1), (2, 2, 1)],
-           "qwen3_moe": [(1, 1, 2), (1, 2, 2)], "deepseek_v3": [(1, 1, 1), (2, 2, 1)]}
+           "qwen3_moe": [(1, 1, 2), (1, 2, 2)], "glm4_moe": [(1, 1, 2), (1, 2, 2)],
+           "deepseek_v3": [(1, 1, 2), (1, 2, 2)]}
 
 
 def _cases(tmp_path, families, layouts_of):
@@ -69,7 +71,7 @@ def test_parity_layouts_and_dist_ckpt_reshard(tmp_path):
 
 @pytest.mark.slow
 def test_parity_full_grid(tmp_path):
-    cases, refs = _cases(tmp_path, FAMILIES, lambda f: ALL_MOE if f == "qwen3_moe" else ALL_DENSE)
+    cases, refs = _cases(tmp_path, FAMILIES, lambda f: ALL_MOE if f in MOE else ALL_DENSE)
     _check(run_workers(parity_cases, 4, cases, timeout_s=400), cases, refs)
 
 
@@ -79,7 +81,7 @@ def test_parity_more_seeds_and_vocab(tmp_path):
     tokens_v = 256
 
     def layouts(fam):
-        return [(1, 2, 2)] if fam == "qwen3_moe" else [(2, 2, 1)]
+        return [(1, 2, 2)] if fam in MOE else [(2, 2, 1)]
 
     cases, refs = [], {}
     for i, fam in enumerate(FAMILIES):

@@ -52,4 +52,4 @@ def test_convert_round_trip_with_verify_and_mtp_passthrough(tmp_path, layout_in,
     assert all(a[k] == b[k] for k in same_when_set if k != "rope_parameters"), \
         {k: (a[k], b[k]) for k in same_when_set if a[k] != b[k]}
     assert {k: v for k, v in b["rope_parameters"].items()} == a["rope_parameters"]
-    assert b["num_nextn_predict_layers"] == 1 and b["first_k_dense_replace"] == 2
+    assert b["num_nextn_predict_layers"] == 1 and b["first_k_dense_replace"] == 1

@@ -92,8 +92,10 @@ class ModelFamily:
     qkv_bias: Literal["config", "always"] = "config"
     """``"config"``: HF ``attention_bias`` decides (written on export); ``"always"``: the HF family has
     q/k/v biases with no config key (Qwen2), so a spec without them is refused on export."""
-    qk_norm: bool = False
-    """The HF family always has q/k RMSNorm (Qwen3); a spec disagreeing is refused on export."""
+    qk_norm: bool | Literal["config"] = False
+    """True: the HF family always has q/k RMSNorm (Qwen3), a spec disagreeing is refused on export;
+    ``"config"``: a config key decides (GLM-4.5's ``use_qk_norm``): ``from_hf`` sets ``qk_layernorm`` and
+    ``to_hf`` writes the key; False: never."""
     moe: bool = False
     """The family has routed experts (``from_hf`` fills the ``moe_*`` fields); a dense family refuses a
     spec with experts on export."""

@@ -8,9 +8,10 @@ is what megatron-core's MLA RoPE expects; ``False`` is converted by reordering t
 (``Direct.rope_rows``). YaRN maps field for field (``_yarn``); combinations where transformers and
 megatron-core compute different concentration factors are refused.
 
-MLP: layers ``< first_k_dense_replace`` are dense. MoE layers are not converted yet: a config with any
-is refused, naming the field; all-dense configs (``first_k_dense_replace >= num_hidden_layers``) carry
-the unused MoE fields through ``ArchSpec.extra`` so the export writes the same ``config.json``.
+MLP: the DeepSeekMoE block (``deepseek_moe.py``: layers ``< first_k_dense_replace`` dense, then sigmoid
+routing with the fp32 correction bias, group-limited top-k, the routed scaling factor and a shared
+expert). All-dense configs (``first_k_dense_replace >= num_hidden_layers``) carry the unused MoE fields
+through ``ArchSpec.extra`` so the export writes the same ``config.json``.
 
 Multi-token prediction (``num_nextn_predict_layers``, transformers' ``num_mtp_layers``): the MTP module
 is not built in Megatron (RL trains the main model); its count is carried through ``extra`` and
@@ -23,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from megatron_maspo.model.families import llama_style
+from megatron_maspo.model.families import deepseek_moe, llama_style
 from megatron_maspo.model.families.declaration import TOKEN_ID_KEYS, ModelFamily, SpecFields
 from megatron_maspo.model.families.names import Direct, Entry, FamilyTable
 
@@ -98,10 +99,6 @@ def _from_hf(cfg: Any, d: dict) -> SpecFields:
     if cfg.rms_norm_eps != _LATENT_NORM_EPS:
         raise ValueError(f"rms_norm_eps={cfg.rms_norm_eps}: transformers' q/kv latent norms use 1e-6 whatever it "
                          "is, megatron-core one epsilon for every norm; only rms_norm_eps=1e-6 converts exactly")
-    if cfg.first_k_dense_replace < cfg.num_hidden_layers:
-        raise ValueError(f"first_k_dense_replace={cfg.first_k_dense_replace} < num_hidden_layers="
-                         f"{cfg.num_hidden_layers}: deepseek_v3 MoE layers are not converted yet (all-dense "
-                         "configs are)")
     rp = dict(cfg.rope_parameters or {})
     kind = rp.get("rope_type", "default")
     if kind not in ("default", "yarn"):
@@ -109,7 +106,9 @@ def _from_hf(cfg: Any, d: dict) -> SpecFields:
     if rp.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("rope_parameters.partial_rotary_factor != 1 is not supported for deepseek_v3")
     nh = cfg.num_attention_heads
-    extra = {k: getattr(cfg, k) for k in _UNUSED_MOE}
+    all_dense = cfg.first_k_dense_replace >= cfg.num_hidden_layers
+    moe = {} if all_dense else deepseek_moe.moe_fields_from_hf(cfg)
+    extra = {k: getattr(cfg, k) for k in _UNUSED_MOE} if all_dense else {}
     extra[_MTP] = int(cfg.num_mtp_layers or 0)
     return dict(
         num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.intermediate_size,
@@ -118,7 +117,7 @@ def _from_hf(cfg: Any, d: dict) -> SpecFields:
         layernorm_epsilon=cfg.rms_norm_eps, tie_word_embeddings=bool(cfg.tie_word_embeddings),
         q_lora_rank=cfg.q_lora_rank, kv_lora_rank=cfg.kv_lora_rank, qk_head_dim=cfg.qk_nope_head_dim,
         qk_pos_emb_head_dim=cfg.qk_rope_head_dim, mla_rope_interleave=bool(cfg.rope_interleave),
-        extra=extra, **(_yarn(rp, cfg.max_position_embeddings) if kind == "yarn" else {}))
+        extra=extra, **moe, **(_yarn(rp, cfg.max_position_embeddings) if kind == "yarn" else {}))
 
 
 def _to_hf(spec: Any) -> dict[str, Any]:
@@ -137,12 +136,14 @@ def _to_hf(spec: Any) -> dict[str, Any]:
         "num_key_value_heads": spec.num_attention_heads, "q_lora_rank": spec.q_lora_rank,
         "kv_lora_rank": spec.kv_lora_rank, "qk_nope_head_dim": spec.qk_head_dim,
         "qk_rope_head_dim": spec.qk_pos_emb_head_dim, "v_head_dim": spec.kv_channels,
-        "rope_interleave": spec.mla_rope_interleave, "first_k_dense_replace": spec.num_layers,
+        "rope_interleave": spec.mla_rope_interleave,
         "hidden_act": "silu", "max_position_embeddings": spec.max_position_embeddings,
         "rms_norm_eps": spec.layernorm_epsilon, "rope_theta": spec.rotary_base, "rope_parameters": rope,
         "tie_word_embeddings": spec.tie_word_embeddings, "attention_dropout": 0.0, "use_cache": True,
         "torch_dtype": "float32", _MTP: spec.extra.get(_MTP, 0),
-        **{k: spec.extra[k] for k in _UNUSED_MOE if k in spec.extra},
+        **({**{k: spec.extra[k] for k in _UNUSED_MOE if k in spec.extra}, "first_k_dense_replace": spec.num_layers}
+           if not spec.is_moe else deepseek_moe.moe_config_json(spec)),
+        "output_router_logits": False,
         **{k: spec.extra[k] for k in TOKEN_ID_KEYS if k in spec.extra},
     }
 
@@ -152,19 +153,22 @@ FAMILY = ModelFamily(
     display_name="DeepSeek-V3",
     model_types=("deepseek_v3",),
     architectures=("DeepseekV3ForCausalLM",),
-    names=FamilyTable("deepseek_v3", llama_style.PRE, MLA_ATTENTION + llama_style.DENSE_MLP, llama_style.POST),
+    names=FamilyTable("deepseek_v3", llama_style.PRE, MLA_ATTENTION + deepseek_moe.MLP, llama_style.POST),
     from_hf=_from_hf,
     to_hf=_to_hf,
     passthrough=("model.layers.{mtp_layer}.",),  # MTP layers (conversion/passthrough.py)
+    moe=True,
+    shared_experts=True,
     # MLA with a low-rank query, YaRN (factor 4 over 128 positions, mscale != mscale_all_dim so both the
-    # cos/sin concentration and the softmax scale differ from 1), interleaved rotary rows, untied, all
-    # layers dense (the MoE fields are valid but unused).
+    # cos/sin concentration and the softmax scale differ from 1), interleaved rotary rows, untied; layer 0
+    # dense, layer 1 MoE: 8 experts in 4 groups, top-4 from the best 2 groups (HF's top-2 group score =
+    # Megatron's top-(4/2)), scaling 2.5, one shared expert, sigmoid + correction bias.
     tiny=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=4, max_position_embeddings=512, rms_norm_eps=1e-6, attention_dropout=0.0,
               q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-              rope_interleave=True, first_k_dense_replace=2, n_routed_experts=4, n_shared_experts=1,
-              moe_intermediate_size=32, num_experts_per_tok=2, n_group=2, topk_group=1,
-              tie_word_embeddings=False,
+              rope_interleave=True, first_k_dense_replace=1, n_routed_experts=8, n_shared_experts=1,
+              moe_intermediate_size=32, num_experts_per_tok=4, n_group=4, topk_group=2,
+              routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False,
               rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                "original_max_position_embeddings": 128, "beta_fast": 32.0, "beta_slow": 1.0,
                                "mscale": 1.0, "mscale_all_dim": 0.5}),

@@ -15,8 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Condition = Literal["qkv_bias", "qk_norm", "untied", "q_lora", "no_q_lora"]
-"""When an entry exists: ``qkv_bias``/``qk_norm`` (the spec's flags), ``untied`` (own LM head), ``q_lora`` /
+Condition = Literal["qkv_bias", "qk_norm", "untied", "expert_bias", "shared_expert", "dense_layer", "moe_layer",
+                    "q_lora", "no_q_lora"]
+"""When an entry exists: a spec flag (``qkv_bias``, ``qk_norm``, ``untied``, ``expert_bias`` (the router's
+correction bias), ``shared_expert``), the kind of its layer (``dense_layer``: a dense MLP among MoE
+layers, HF ``first_k_dense_replace``; ``moe_layer``: a layer with routed experts), or ``q_lora`` /
 ``no_q_lora`` (multi-latent attention with / without the low-rank query projection)."""
 
 RopeRows = Literal["per_head", "tail"]
@@ -30,7 +33,8 @@ class Direct:
     """One HF tensor <-> one Megatron tensor.
 
     ``split`` is the TP split dim (0: column-parallel, 1: row-parallel, None: replicated);
-    ``vocab`` marks vocab-parallel rows padded from V to Vp.
+    ``vocab`` marks vocab-parallel rows padded from V to Vp; ``fp32`` tensors keep float32 on export
+    whatever the export dtype (the router's correction bias, which HF also keeps in fp32).
     """
 
     hf: str
@@ -38,6 +42,7 @@ class Direct:
     split: int | None = None
     vocab: bool = False
     when: Condition | None = None
+    fp32: bool = False
     rope_rows: RopeRows | None = None
     """MLA rotary rows, interleaved on import when the HF checkpoint keeps them in rotate-half order
     (``ArchSpec.mla_rope_interleave=False``) and restored on export (``conversion/shard.py``)."""

@@ -22,7 +22,17 @@ PUBLISHED = {
     "qwen3-32b": 32_762_123_264,  # from config.json shapes; the model card rounds to 32.8 B
     "qwen3-30b-a3b": 30_532_122_624,
     "smollm2-135m": 134_515_008,
+    # transformers' Glm4MoeForCausalLM for this config.json (parameters + the 45 routers' fp32 correction
+    # biases, MTP layer not built); the model card says 106 B total
+    "glm-4.5-air": 106_852_251_264,
 }
+CARD_TOTALS = {"glm-4.5-air": 106e9}
+"""Totals as the model cards round them; a preset must be within 2% (the issue's bar)."""
+
+
+@pytest.mark.parametrize("name", sorted(CARD_TOTALS))
+def test_parameter_count_within_two_percent_of_the_model_card(name):
+    assert abs(get_preset(name).num_parameters() / CARD_TOTALS[name] - 1) < 0.02
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -29,7 +31,7 @@ def _moe() -> ArchSpec:
     (dict(routing_replay="yes"), "model.routing_replay"),
     (dict(moe_aux_loss_coeff=0.01), "needs model.moe_load_balancing"),
     (dict(moe_z_loss_coeff=-1.0), ">= 0"),
-    (dict(moe_expert_bias=True), "sigmoid"),
+    (dict(moe_expert_bias_update_rate=-1.0), ">= 0"),
 ])
 def test_bad_fields_are_refused(fields, needle):
     with pytest.raises(ValueError, match=needle):
@@ -71,3 +73,16 @@ def test_moe_tp2_ep2_is_refused_on_the_local_spec():
     check_model_layout(cfg.model, cfg.parallel, _moe())
     with pytest.raises(ConfigError, match="needs an MoE model"):
         check_model_layout(ModelConfig(routing_replay="all"), MaspoConfig().parallel, tiny_qwen2_spec())
+
+
+def test_expert_bias_update_needs_a_model_with_a_correction_bias():
+    """``model.moe_expert_bias`` (update the bias) is refused at start-up for a softmax router; for a
+    sigmoid router with a bias it sets Megatron's update rate, and the default (frozen) sets rate 0."""
+    with pytest.raises(ConfigError, match="has none"):
+        check_model_layout(ModelConfig(moe_expert_bias=True), MaspoConfig().parallel, _moe())
+    sig = dataclasses.replace(_moe(), moe_router_score_function="sigmoid", moe_router_expert_bias=True)
+    check_model_layout(ModelConfig(moe_expert_bias=True), MaspoConfig().parallel, sig)
+    frozen = moe_transformer_kwargs(sig, ModelBuildOptions())
+    assert frozen["moe_router_enable_expert_bias"] and frozen["moe_router_bias_update_rate"] == 0.0
+    live = moe_transformer_kwargs(sig, ModelBuildOptions(moe_expert_bias_update=True, moe_expert_bias_update_rate=2e-3))
+    assert live["moe_router_bias_update_rate"] == 2e-3
