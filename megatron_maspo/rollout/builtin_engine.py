@@ -86,8 +86,16 @@ class BuiltinEngine:
         return self._version
 
     def expected_names(self) -> set[str]:
-        """HF checkpoint names a sync must deliver: the model's parameters, a tied ``lm_head`` excluded."""
-        return {n for n, _ in self.model.named_parameters()}
+        """HF checkpoint names a sync must deliver: the model's parameters, a tied ``lm_head`` excluded, and
+        its checkpointed buffers (the MoE router's correction bias ``e_score_correction_bias``)."""
+        return set(self._targets())
+
+    def _targets(self) -> dict[str, torch.Tensor]:
+        """Parameters and persistent buffers (those ``state_dict`` holds) by name."""
+        out = dict(self.model.named_parameters())
+        saved = self.model.state_dict(keep_vars=True).keys()
+        out.update((n, b) for n, b in self.model.named_buffers() if n in saved and n not in out)
+        return out
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -99,7 +107,7 @@ class BuiltinEngine:
                 ``policy_version`` is not advanced; sync again before generating.
         """
         self._restore()
-        params = dict(self.model.named_parameters())
+        params = self._targets()
         seen: set[str] = set()
         fused: dict[str, set] = {}  # transformers >= 5 fused experts: pieces delivered per parameter
         for name, t in weights:
