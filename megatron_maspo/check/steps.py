@@ -77,12 +77,12 @@ def _expected_local_shape(entry, hf_shapes: list[tuple[int, ...]], tp: int, voca
 def check_names(chunks: list[torch.nn.Module], spec, *, tp: int, ep: int, ep_rank: int, vocab_rows: int,
                 where: str, te: bool = False, grouped: bool = False) -> int:
     """Conversion tables vs the chunks' parameter names and shapes, both directions; returns names checked."""
-    from megatron_maspo.conversion.plan import hf_shape, local_items, mcore_names, resolve
+    from megatron_maspo.conversion.plan import chunk_tensors, hf_shape, local_items, mcore_names, resolve
     from megatron_maspo.model.checkpoint import unwrap
 
     checked = 0
     for chunk in chunks:
-        params = _params(chunk)
+        params = chunk_tensors(chunk)  # parameters and the routers' correction-bias buffers, as conversion
         if te:
             params = renamed_to_te(params, moe=spec.is_moe, grouped=grouped)
         claimed: set[str] = set()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from megatron_maspo.launch.plan.types import Layout
-from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.model.spec import ArchSpec, mla_attention_parameters
 
 
 def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[float, float]:
@@ -15,28 +15,35 @@ def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[
     h, t = spec.hidden_size, lay.tp
     nh, g, d = spec.num_attention_heads, spec.num_query_groups, spec.kv_channels
     attn = (h * nh * d + 2 * h * g * d + nh * d * h) / t
-    if spec.add_qkv_bias:
+    if spec.is_mla:
+        # every MLA projection is TP-split on the local spec (model/mla.py); the two latent norms are not
+        attn = (mla_attention_parameters(spec) - (spec.q_lora_rank or 0) - (spec.kv_lora_rank or 0)) / t \
+            + (spec.q_lora_rank or 0) + (spec.kv_lora_rank or 0)
+    elif spec.add_qkv_bias:
         attn += (nh * d + 2 * g * d) / t
     if spec.qk_layernorm:
         attn += 2 * d
     dense, expert = attn + 2 * h, 0.0
+    dense_mlp_layer = dense + 3 * h * spec.ffn_hidden_size / t  # a dense layer (and HF first_k_dense_replace)
     if spec.is_moe:
         assert spec.num_moe_experts and spec.moe_ffn_hidden_size
         # experts are split over EP only: the trainer sets expert_tensor_parallel_size=1 (model/moe.py)
         expert = spec.num_moe_experts * 3 * h * spec.moe_ffn_hidden_size / lay.ep
         dense += h * spec.num_moe_experts
         if spec.moe_shared_expert_intermediate_size:
-            dense += 3 * h * spec.moe_shared_expert_intermediate_size / t + h
+            dense += 3 * h * spec.moe_shared_expert_intermediate_size / t + (h if spec.moe_shared_expert_gate else 0)
     else:
         dense += 3 * h * spec.ffn_hidden_size / t
     layers = spec.num_layers // lay.pp
+    # dense first layers (spec.moe_first_k_dense): the stage with the fewest of them holds the most
+    n_dense = max(0, min(layers, spec.moe_first_k_dense - (lay.pp - 1) * layers)) if spec.is_moe else 0
     emb = spec.padded_vocab_size(t, divisible_by) * h / t
     if lay.pp == 1:
         extra = emb * (1 if spec.tie_word_embeddings else 2) + h
     else:
         # Stage 0 holds the embedding, the last stage the output layer (a copy when tied) + final norm.
         extra = emb + h
-    return layers * dense + extra, layers * expert
+    return n_dense * dense_mlp_layer + (layers - n_dense) * dense + extra, (layers - n_dense) * expert
 
 
 def activation_bytes(spec: ArchSpec, tp: int, recompute: str | None, elt: int,
@@ -51,7 +58,11 @@ def activation_bytes(spec: ArchSpec, tp: int, recompute: str | None, elt: int,
         router = 4 * spec.num_moe_experts
     else:
         mlp, router = 3 * spec.ffn_hidden_size / t, 0
-    full_set = elt * (4 * h / sp + (nh * d + 2 * g * d) / t + nh * d / t + mlp) + 4 * nh / t + router
+    qkv, ctx = nh * d + 2 * g * d, nh * d
+    if spec.is_mla:  # q and the expanded K of d_n + d_r per head, V of d_v, plus the two latents
+        qk = spec.qk_head_dim + spec.qk_pos_emb_head_dim
+        qkv = 2 * nh * qk + nh * d + (spec.q_lora_rank or 0) * t + ((spec.kv_lora_rank or 0) + spec.qk_pos_emb_head_dim) * t
+    full_set = elt * (4 * h / sp + qkv / t + ctx / t + mlp) + 4 * nh / t + router
     return elt * h / sp if recompute == "full" else full_set
 
 
@@ -65,7 +76,15 @@ def dense_attention_bytes(spec: ArchSpec, lay: Layout, seq: int, inflight: float
 
 
 def kv_bytes_per_token(spec: ArchSpec, vllm_tp: int) -> float:
-    """bf16 K and V of all layers for one token on one engine GPU (KV heads replicate when vllm_tp > n_g)."""
+    """bf16 K and V of all layers for one token on one engine GPU (KV heads replicate when vllm_tp > n_g).
+
+    Multi-latent attention caches the compressed latent and the shared rotary key instead,
+    ``(kv_lora_rank + qk_rope_head_dim)`` elements per layer and token (DeepSeek-V2 paper, arXiv 2405.04434,
+    §2.1.2 and Table 1: ``(d_c + d_h^R)·l``), the same on every TP rank (vLLM's MLA backends keep the latent
+    whole: ``vllm/attention/backends/mla``); decode reads it once per token (``estimator.py``).
+    """
+    if spec.is_mla:
+        return spec.num_layers * ((spec.kv_lora_rank or 0) + spec.qk_pos_emb_head_dim) * 2
     heads = max(1, math.ceil(spec.num_query_groups / vllm_tp))
     return 2 * spec.num_layers * heads * spec.kv_channels * 2
 

@@ -148,6 +148,18 @@ def _to_hf(spec: Any) -> dict[str, Any]:
     }
 
 
+# deepseek-ai/DeepSeek-V3 (and DeepSeek-V3-0324, DeepSeek-R1: the same config.json shapes)
+_V3 = dict(num_layers=61, hidden_size=7168, ffn_hidden_size=18432, num_attention_heads=128, num_query_groups=128,
+           kv_channels=128, vocab_size=129280, max_position_embeddings=163840, rotary_base=10000.0,
+           rope_scaling="yarn", rope_scaling_factor=40.0, yarn_original_max_position_embeddings=4096,
+           yarn_beta_fast=32.0, yarn_beta_slow=1.0, yarn_mscale=1.0, yarn_mscale_all_dim=1.0,
+           layernorm_epsilon=1e-6, tie_word_embeddings=False, q_lora_rank=1536, kv_lora_rank=512,
+           qk_head_dim=128, qk_pos_emb_head_dim=64, num_moe_experts=256, moe_ffn_hidden_size=2048,
+           moe_router_topk=8, moe_norm_topk_prob=True, moe_shared_expert_intermediate_size=2048,
+           moe_router_score_function="sigmoid", moe_router_expert_bias=True, moe_router_num_groups=8,
+           moe_router_group_topk=4, moe_router_topk_scaling_factor=2.5, moe_first_k_dense=3,
+           extra={"bos_token_id": 0, "eos_token_id": 1, _MTP: 1})
+
 FAMILY = ModelFamily(
     name="deepseek_v3",
     display_name="DeepSeek-V3",
@@ -172,4 +184,22 @@ FAMILY = ModelFamily(
               rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                "original_max_position_embeddings": 128, "beta_fast": 32.0, "beta_slow": 1.0,
                                "mscale": 1.0, "mscale_all_dim": 0.5}),
+    presets={
+        # 671.0 B in the main model (the published "671B"); its one MTP layer (model.layers.61.*, 11.7 B
+        # with its own 256 experts, hence the checkpoint's "685B") is passed through and not counted.
+        "deepseek-v3": _V3,
+    },
+    planning_layouts={
+        # A small DeepSeek-V3-architecture layout (15.7 B total, 2.4 B active) for planning and bench runs:
+        # DeepSeek-V2-Lite's shapes (27 layers, hidden 2048, 16 MLA heads without q_lora, kv_lora 512, 64
+        # routed experts of 1408 + 2 shared, top-6, first layer dense) with DeepSeek-V3's router (sigmoid,
+        # correction bias, no group limit) and YaRN (factor 8 over 4k). No published checkpoint.
+        "deepseek-v3-small": dict(_V3, num_layers=27, hidden_size=2048, ffn_hidden_size=10944,
+                                  num_attention_heads=16, num_query_groups=16, vocab_size=102400,
+                                  q_lora_rank=None, num_moe_experts=64, moe_ffn_hidden_size=1408, moe_router_topk=6,
+                                  moe_shared_expert_intermediate_size=2816, moe_router_num_groups=None,
+                                  moe_router_group_topk=None, moe_router_topk_scaling_factor=1.0,
+                                  moe_first_k_dense=1, max_position_embeddings=32768,
+                                  yarn_original_max_position_embeddings=4096, rope_scaling_factor=8.0),
+    },
 )

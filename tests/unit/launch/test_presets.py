@@ -25,8 +25,11 @@ PUBLISHED = {
     # transformers' Glm4MoeForCausalLM for this config.json (parameters + the 45 routers' fp32 correction
     # biases, MTP layer not built); the model card says 106 B total
     "glm-4.5-air": 106_852_251_264,
+    # transformers' DeepseekV3ForCausalLM for this config.json (parameters + the 58 routers' fp32 correction
+    # biases; the MTP layer, passed through by conversion, is not built): the published 671 B
+    "deepseek-v3": 671_026_419_200,
 }
-CARD_TOTALS = {"glm-4.5-air": 106e9}
+CARD_TOTALS = {"glm-4.5-air": 106e9, "deepseek-v3": 671e9}
 """Totals as the model cards round them; a preset must be within 2% (the issue's bar)."""
 
 
