@@ -9,7 +9,7 @@ fed to Megatron-Core's ``RouterReplay`` (``moe_enable_routing_replay``) one micr
 The routers still compute their own scores, so the gate probabilities (and their gradient) are the
 trainer's, only the expert *choice* is the engine's.
 
-Layout of one micro-batch's targets: ``[num_layers, S, k]`` int64 for the packed row of ``S`` tokens
+Layout of one micro-batch's targets: ``[num_moe_layers, S, k]`` int64 (dense first layers have none) for the packed row of ``S`` tokens
 (sequences in ``mb.sample_index`` order, then the padding segment). Positions the engine has no entry
 for (the last response token, which predicts nothing; padding) get experts ``0..k-1``: their outputs
 reach no trained log-prob (attention is causal within each packed sequence).
@@ -54,10 +54,13 @@ class RoutingReplay:
 
     Args:
         chunks: the policy's model chunks (built with ``moe_enable_routing_replay``).
-        num_layers: global number of layers (the targets' first dimension).
+        num_layers: number of MoE layers (the targets' first dimension: the engine reports the layers
+            that route, dense first layers have no entry).
+        first_moe_layer: global 0-based index of the first MoE layer (HF ``first_k_dense_replace``).
     """
 
-    def __init__(self, chunks: list, *, num_layers: int) -> None:
+    def __init__(self, chunks: list, *, num_layers: int, first_moe_layer: int = 0) -> None:
+        self.first_moe_layer = first_moe_layer
         self.per_chunk = [[r for r in routers([c]) if r.router_replay is not None] for c in chunks]
         if not any(self.per_chunk):
             raise ValueError("routing replay needs routers built with moe_enable_routing_replay")
@@ -78,7 +81,7 @@ class RoutingReplay:
             if target is None:
                 rr.clear_router_replay_action()
             else:
-                rr.set_target_indices(target[r.layer_number - 1].to(device))
+                rr.set_target_indices(target[r.layer_number - 1 - self.first_moe_layer].to(device))
                 rr.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
 
     def iterate(self, chunk: int, inputs: list, targets: list, device: torch.device) -> Iterator:
