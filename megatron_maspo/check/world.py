@@ -101,7 +101,8 @@ def fake_rank(world: int, coord: Coordinate, *, tp: int, pp: int, ep: int, cp: i
     try:
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                      virtual_pipeline_model_parallel_size=vpp, context_parallel_size=cp,
-                                     expert_model_parallel_size=ep, create_gloo_process_groups=False)
+                                     expert_model_parallel_size=ep, expert_tensor_parallel_size=1,
+                                     create_gloo_process_groups=False)
         tensor_parallel.model_parallel_cuda_manual_seed(1234)
         got = (ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(),
                ps.get_expert_model_parallel_rank(), ps.get_context_parallel_rank())
