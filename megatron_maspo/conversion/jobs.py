@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 
 def _world(tp: int, pp: int, ep: int) -> int:
-    # EP ranks live in the data-parallel dimension (TP = 1 for MoE on the local spec).
+    # EP ranks are laid over the TP x DP ranks (expert TP is 1): the smallest world holding both.
     return tp * pp * max(1, ep // tp)
 
 
@@ -84,11 +84,14 @@ def _groups_and_chunks(spec, tp: int, pp: int, ep: int, dtype: torch.dtype, spec
     the local spec, the trainer's default, on every machine (not "TE whenever it imports").
     """
     from megatron_maspo.model.provider import ModelBuildOptions, build_model_chunks
+    from megatron_maspo.parallel.config import sequence_parallel_on
     from megatron_maspo.parallel.groups import init_parallel
 
     groups = init_parallel(tp=tp, pp=pp, ep=ep)
     opts = ModelBuildOptions(tp=tp, pp=pp, ep=ep, params_dtype=dtype, bf16=dtype == torch.bfloat16,
                              **(spec_fields or {"use_te": False}))
+    # the trainer's default (parallel.sequence_parallel=None): MoE at TP > 1 runs with sequence parallelism
+    opts.sequence_parallel = sequence_parallel_on(None, opts.attention_backend, tp, spec.is_moe)
     return groups, build_model_chunks(spec, opts, pp_rank=groups.pp_rank), opts
 
 
@@ -230,8 +233,8 @@ def _reject_existing(out: str | Path) -> None:
 
 
 def _checked_layout(spec, tp: int, pp: int, ep: int) -> None:
-    try:
-        spec.validate_layout(tp, pp, ep)
+    try:  # conversion builds MoE at TP > 1 with sequence parallelism, as the trainer does (_groups_and_chunks)
+        spec.validate_layout(tp, pp, ep, sequence_parallel=spec.is_moe and tp > 1)
     except ValueError as e:
         raise ConfigError(f"--tp {tp} --pp {pp} --ep {ep}: {e}") from None
 

@@ -154,7 +154,6 @@ def check_model_layout(model: Any, parallel: Any, spec: Any) -> None:
         ConfigError: naming the ``parallel.*`` / ``model.*`` keys and the constraint.
     """
     from megatron_maspo.errors import ConfigError
-
     from megatron_maspo.parallel.config import sequence_parallel_on
 
     p = parallel

@@ -18,7 +18,8 @@ from typing import Literal
 Condition = Literal["qkv_bias", "qk_norm", "untied", "expert_bias", "shared_expert", "dense_layer", "moe_layer"]
 """When an entry exists: a spec flag (``qkv_bias``, ``qk_norm``, ``untied``, ``expert_bias`` (the router's
 correction bias), ``shared_expert``) or the kind of its layer (``dense_layer``: a dense MLP among MoE
-layers, HF ``first_k_dense_replace``; ``moe_layer``: a layer with routed experts)."""
+layers, HF ``first_k_dense_replace``; ``moe_layer``: a layer with routed experts). ``expert_bias`` and
+``shared_expert`` entries exist in MoE layers only."""
 
 
 @dataclass(frozen=True)
