@@ -51,10 +51,12 @@ def coordinates(world: int, *, tp: int, pp: int, ep: int, cp: int = 1) -> list[C
     """
     from megatron.core.parallel_state import RankGenerator
 
-    if world % (tp * pp * cp) or world % (tp * pp * ep):
-        raise ValueError(f"world {world} is not divisible by tp*pp*cp={tp * pp * cp} and tp*pp*ep={tp * pp * ep}")
+    if world % (tp * pp * cp) or world % (pp * ep):
+        raise ValueError(f"world {world} is not divisible by tp*pp*cp={tp * pp * cp} and pp*ep={pp * ep}")
     dense = RankGenerator(tp=tp, ep=1, dp=world // (tp * pp * cp), pp=pp, cp=cp, order="tp-cp-ep-dp-pp")
-    expert = RankGenerator(tp=tp, ep=ep, dp=world // (tp * pp * ep), pp=pp, cp=1, order="tp-cp-ep-dp-pp")
+    # experts are not split over TP (expert_tensor_parallel_size=1, parallel/groups.py): the expert
+    # layout is ETP 1 x EP x expert-DP x PP over the same ranks
+    expert = RankGenerator(tp=1, ep=ep, dp=world // (pp * ep), pp=pp, cp=1, order="tp-cp-ep-dp-pp")
 
     def position(gen: RankGenerator, name: str) -> dict[int, int]:
         return {r: i for group in gen.get_ranks(name) for i, r in enumerate(group)}
