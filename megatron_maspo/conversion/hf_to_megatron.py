@@ -85,8 +85,10 @@ class HFSource(contextlib.AbstractContextManager):
 
 def check_hf_keys(src: HFSource, spec: ArchSpec) -> None:
     """Exact key-set and shape check of ``src`` against ``spec``; ``InputError`` names the tensors."""
+    from megatron_maspo.conversion.passthrough import passthrough_keys
+
     expected = hf_state_dict_keys(spec)
-    got = src.keys()
+    got = src.keys() - set(passthrough_keys(spec, src.keys()))  # kept by name (MTP layers), not converted
     missing = [k for k in expected if k not in got]
     extra = sorted(got - set(expected))
     if missing or extra:

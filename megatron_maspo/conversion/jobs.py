@@ -16,6 +16,7 @@ tracebacks, and a failed job leaves no output or temporary folder behind.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -135,6 +136,8 @@ def hf_to_megatron_rank(rank: int, world: int, hf_dir: str, out: str, tp: int, p
     groups, chunks, opts = _groups_and_chunks(spec, tp, pp, ep, hf_checkpoint_dtype(hf_dir))
     load_hf_weights(chunks, spec, groups, hf_dir)
     save_model_checkpoint(chunks, out, spec, hf_assets=hf_dir, opts=opts)
+    if rank == 0:
+        _store_passthrough(spec, hf_dir, out)
     result: dict[str, Any] = {"rank": rank, "out": out}
     if verify:
         for m in chunks:  # reload from disk into zeroed weights: verify the checkpoint, not memory
@@ -143,6 +146,20 @@ def hf_to_megatron_rank(rank: int, world: int, hf_dir: str, out: str, tp: int, p
         load_model_checkpoint(chunks, out)
         result["max_rel_error"] = _verify(chunks, spec, groups, hf_dir)
     return result
+
+
+def _store_passthrough(spec, hf_dir: str | Path, out: str | Path) -> None:
+    """The family's pass-through tensors (MTP layers) of ``hf_dir``, bytes unchanged, into the checkpoint."""
+    from megatron_maspo.conversion.dist_ckpt import ASSETS_DIR
+    from megatron_maspo.conversion.hf_to_megatron import HFSource
+    from megatron_maspo.conversion.passthrough import passthrough_keys, save_passthrough
+
+    with HFSource(hf_dir) as src:
+        keys = passthrough_keys(spec, src.keys())
+        if keys:
+            (Path(out) / ASSETS_DIR).mkdir(exist_ok=True)
+            save_passthrough({k: src.get(k) for k in keys}, Path(out) / ASSETS_DIR)
+            logger.info("passed %d tensors through by name (%s ...)", len(keys), keys[0])
 
 
 def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp: int, ep: int,
@@ -170,9 +187,11 @@ def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp:
         config["torch_dtype"] = str(tdtype).removeprefix("torch.")
         assets = Path(ckpt) / ASSETS_DIR
         try:
+            from megatron_maspo.conversion.passthrough import load_passthrough
             from megatron_maspo.conversion.plan import hf_state_dict_keys
 
-            save_hf_folder(stream, out, config, copy_from=assets if assets.is_dir() else None,
+            named = itertools.chain(stream, load_passthrough(assets))  # MTP layers: as they were read
+            save_hf_folder(named, out, config, copy_from=assets if assets.is_dir() else None,
                            total=len(hf_state_dict_keys(spec)))
         except BaseException:
             for _ in stream:  # keep the other ranks' collectives matched, then fail

@@ -76,8 +76,8 @@ def arch_spec_from_hf(config: Any) -> ArchSpec:
         fields["add_qkv_bias"] = True
     if family.qk_norm != "config":
         fields["qk_layernorm"] = bool(family.qk_norm)
-    return ArchSpec(family=family.name,
-                    extra={k: d[k] for k in TOKEN_ID_KEYS if d.get(k) is not None}, **fields)
+    extra = {k: d[k] for k in TOKEN_ID_KEYS if d.get(k) is not None} | fields.pop("extra", {})
+    return ArchSpec(family=family.name, extra=extra, **fields)
 
 
 def hf_config_dict(spec: ArchSpec) -> dict:

@@ -5,7 +5,7 @@ shared expert, a random fp32 correction bias, QKV bias, q/k norm, rotary on half
 * Ablations (one rank): removing any one feature from the spec (and loading the tensors the ablated
   spec still has) moves the logits far from transformers', so the parity figure sees each feature.
 * ``maspo convert`` both ways (slow): in at TP 2 x EP 2, out at TP 2 x PP 2, both ``--verify`` figures
-  within 1e-5, the export bitwise equal, its ``config.json`` reloading with the same effective fields,
+  within 1e-5, the export bitwise equal (an MTP layer ``model.layers.2.*`` passed through by name), its ``config.json`` reloading with the same effective fields,
   the exported folder giving the original logits, and a TP 1 reload of the Megatron checkpoint (the
   project's ``load_model_checkpoint``) matching transformers.
 """
@@ -36,9 +36,24 @@ ABLATIONS = {
 }
 
 
-def _tiny(tmp_path):
+def _add_mtp_layer(hf_dir) -> None:
+    """Append one MTP layer's tensors (bf16, as published GLM-4.5 checkpoints store ``model.layers.{L}.*``)."""
+    from safetensors.torch import save_file
+
+    sd = load_file(str(hf_dir / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    for name, shape in (("enorm.weight", (64,)), ("hnorm.weight", (64,)), ("eh_proj.weight", (64, 128))):
+        sd[f"model.layers.2.{name}"] = torch.randn(shape, generator=g).to(torch.bfloat16)
+    save_file(sd, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps(dict(cfg, num_nextn_predict_layers=1)))
+
+
+def _tiny(tmp_path, *, mtp: bool = False):
     hf_dir = tmp_path / "glm"
     model, _ = make_tiny_hf_model("glm4_moe", hf_dir, vocab_size=301, seed=5)
+    if mtp:
+        _add_mtp_layer(hf_dir)
     tokens = torch.randint(0, 301, (2, 20), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ref = model(input_ids=tokens).logits.float()
@@ -71,7 +86,7 @@ def test_convert_tp2ep2_in_tp2pp2_out_is_exact(tmp_path, capsys):
 
     from megatron_maspo.model.hf_config import arch_spec_from_hf
 
-    model, hf_dir, tokens, ref = _tiny(tmp_path)
+    model, hf_dir, tokens, ref = _tiny(tmp_path, mtp=True)
     mc, back = tmp_path / "mcore", tmp_path / "back"
     assert _cli("hf-to-megatron", "--hf", str(hf_dir), "--out", str(mc), "--tp", "2", "--ep", "2", capsys=capsys) <= 1e-5
     assert _cli("megatron-to-hf", "--ckpt", str(mc), "--out", str(back), "--tp", "2", "--pp", "2",
@@ -81,6 +96,7 @@ def test_convert_tp2ep2_in_tp2pp2_out_is_exact(tmp_path, capsys):
     for k in src:
         assert got[k].dtype == src[k].dtype and torch.equal(got[k], src[k]), k
     assert got["model.layers.1.mlp.gate.e_score_correction_bias"].dtype == torch.float32
+    assert got["model.layers.2.eh_proj.weight"].dtype == torch.bfloat16  # the MTP layer, passed through
     # the exported config.json: the same effective fields in transformers, and the same spec
     a = transformers.AutoConfig.from_pretrained(hf_dir).to_dict()
     b = transformers.AutoConfig.from_pretrained(back).to_dict()
