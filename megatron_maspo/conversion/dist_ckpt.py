@@ -38,15 +38,13 @@ __all__ = ["ARCH_FILE", "ASSETS_DIR", "atomic_dir", "load_arch_spec", "load_mode
 
 
 def save_model_checkpoint(chunks: list[torch.nn.Module], path: str | Path, spec: ArchSpec, *,
-                          hf_assets: str | Path | None = None, opts: Any = None,
-                          passthrough: tuple[Any, list[str]] | None = None) -> Path:
+                          hf_assets: str | Path | None = None, opts: Any = None) -> Path:
     """Collective (all ranks of the default group): save the model chunks to ``path`` atomically.
 
     Every rank writes its shards into one temporary sibling folder, rank 0 adds the architecture
     (and the HF tokenizer files, and the layer spec ``opts`` builds: ``model/spec_record.py``; None = the
     local spec) and renames it to ``path`` (:func:`collective_atomic_dir`); an
-    existing ``path`` is refused. ``passthrough``: ``(get, names)``, HF tensors rank 0 copies by name into
-    ``hf_assets/`` (``conversion/passthrough.py``: DeepSeek-V3's MTP layers).
+    existing ``path`` is refused.
     """
     from megatron.core import dist_checkpointing
 
@@ -56,14 +54,9 @@ def save_model_checkpoint(chunks: list[torch.nn.Module], path: str | Path, spec:
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
             (tmp / ARCH_FILE).write_text(json.dumps(dataclasses.asdict(spec), indent=2))
             write_spec_record(tmp, opts if opts is not None else ModelBuildOptions())
-            if hf_assets is not None or passthrough:
-                (tmp / ASSETS_DIR).mkdir()
             if hf_assets is not None:
+                (tmp / ASSETS_DIR).mkdir()
                 copy_hf_assets(hf_assets, tmp / ASSETS_DIR)
-            if passthrough:
-                from megatron_maspo.conversion.passthrough import save_passthrough
-
-                save_passthrough(*passthrough, tmp / ASSETS_DIR)
     logger.info("saved Megatron checkpoint %s", final)
     return final
 

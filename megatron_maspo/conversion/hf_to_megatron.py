@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 
 from megatron_maspo.conversion.mapping import QKV, Direct, Entry, GatedMLP
-from megatron_maspo.conversion.passthrough import passthrough_names
 from megatron_maspo.conversion.plan import (
     chunk_tensors,
     hf_shape,
@@ -93,10 +92,12 @@ class HFSource(contextlib.AbstractContextManager):
 
 def check_hf_keys(src: HFSource, spec: ArchSpec) -> None:
     """Exact key-set and shape check of ``src`` against ``spec``; ``InputError`` names the tensors."""
+    from megatron_maspo.conversion.passthrough import passthrough_keys
+
     expected = hf_state_dict_keys(spec)
-    got = src.keys()
+    got = src.keys() - set(passthrough_keys(spec, src.keys()))  # kept by name (MTP layers), not converted
     missing = [k for k in expected if k not in got]
-    extra = sorted(got - set(expected) - set(passthrough_names(spec, got)))  # MTP layers: kept by name
+    extra = sorted(got - set(expected))
     if missing or extra:
         raise InputError(f"HF checkpoint does not match the {spec.family} spec: missing tensors "
                          f"{missing[:8]}{' ...' if len(missing) > 8 else ''}, unexpected tensors "

@@ -1,17 +1,18 @@
-"""HF tensors kept by name from import to export, unconverted (a family's ``passthrough`` prefixes).
+"""HF tensors kept by name, unconverted, from import to export (a family's ``passthrough`` prefixes).
 
-DeepSeek-V3's multi-token-prediction layers (``model.layers.{L}.*`` .. ``model.layers.{L+n-1}.*`` for
-``L = num_hidden_layers`` and ``n = num_nextn_predict_layers``) are not part of the Megatron model the
-RL trainer builds. ``hf-to-megatron`` copies them byte for byte into the checkpoint's ``hf_assets/``
-(``passthrough-NNNNN.safetensors``, at most ``max_shard_bytes`` each, so the host holds one shard) and
-``megatron-to-hf`` appends them to the export under the same names, so the exported folder keeps what
-transformers' ``MtpModel`` (``generate(..., use_mtp=True)``) and vLLM's MTP drafter load.
+GLM-4.5 (and DeepSeek-V3) checkpoints carry multi-token-prediction layers after the decoder, as
+``model.layers.{num_hidden_layers + i}.*`` (``num_nextn_predict_layers`` of them). The policy does not
+use them (transformers does not build them; nor does the trainer), but a checkpoint exported after RL
+should still hold them for speculative decoding. ``hf-to-megatron`` stores them, bytes unchanged, in
+``hf_assets/passthrough.safetensors`` of the Megatron checkpoint; ``megatron-to-hf`` writes them back
+after the converted tensors. They are not trained and not synced to rollout engines.
 
-A prefix holding ``{mtp_layer}`` stands for every MTP layer index; other prefixes are taken as they are.
+A prefix may hold ``{mtp}``: any decoder-layer index at or past ``ArchSpec.num_layers``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -20,59 +21,41 @@ import torch
 from megatron_maspo.model.families.registry import get_family
 from megatron_maspo.model.spec import ArchSpec
 
-MTP_COUNT_KEY = "num_nextn_predict_layers"
-"""``ArchSpec.extra`` key of the number of MTP layers (the HF ``config.json`` key)."""
-FILE_PATTERN = "passthrough-*.safetensors"
+FILE = "passthrough.safetensors"
 
 
-def passthrough_prefixes(spec: ArchSpec) -> tuple[str, ...]:
-    """The concrete key prefixes ``spec``'s family passes through."""
-    first, n = spec.num_layers, int(spec.extra.get(MTP_COUNT_KEY, 0) or 0)
-    out: list[str] = []
+def _pattern(prefix: str) -> re.Pattern:
+    return re.compile(re.escape(prefix).replace(re.escape("{mtp}"), r"(?P<mtp>\d+)"))
+
+
+def passthrough_keys(spec: ArchSpec, keys: Iterable[str]) -> list[str]:
+    """The keys among ``keys`` that ``spec``'s family passes through, sorted."""
+    out = []
     for prefix in get_family(spec.family).passthrough:
-        out += [prefix.format(mtp_layer=i) for i in range(first, first + n)] if "{mtp_layer}" in prefix \
-            else [prefix]
-    return tuple(out)
+        pat = _pattern(prefix)
+        for k in keys:
+            m = pat.match(k)
+            if m and ("mtp" not in m.groupdict() or int(m["mtp"]) >= spec.num_layers):
+                out.append(k)
+    return sorted(set(out))
 
 
-def passthrough_names(spec: ArchSpec, keys: Iterable[str]) -> list[str]:
-    """The keys among ``keys`` that ``spec`` passes through, sorted."""
-    prefixes = passthrough_prefixes(spec)
-    return sorted(k for k in keys if prefixes and k.startswith(prefixes))
-
-
-def save_passthrough(get, names: list[str], out_dir: str | Path, *, max_shard_bytes: int = 2 << 30) -> int:
-    """Write ``get(name)`` for every name into ``out_dir/passthrough-NNNNN.safetensors``; returns the count."""
+def save_passthrough(tensors: dict[str, torch.Tensor], assets_dir: str | Path) -> Path | None:
+    """Write the passed-through tensors (bytes as read) under ``assets_dir``; None when there are none."""
+    if not tensors:
+        return None
     from safetensors.torch import save_file
 
-    shard: dict[str, torch.Tensor] = {}
-    size = files = 0
-    for name in names:
-        t = get(name).contiguous()
-        if shard and size + t.numel() * t.element_size() > max_shard_bytes:
-            save_file(shard, str(Path(out_dir) / f"passthrough-{files:05d}.safetensors"))
-            shard, size, files = {}, 0, files + 1
-        shard[name] = t
-        size += t.numel() * t.element_size()
-    if shard:
-        save_file(shard, str(Path(out_dir) / f"passthrough-{files:05d}.safetensors"))
-    return len(names)
+    path = Path(assets_dir) / FILE
+    save_file({k: t.contiguous() for k, t in tensors.items()}, str(path))
+    return path
 
 
-def read_passthrough(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """The tensors :func:`save_passthrough` wrote under ``folder``, one shard in memory at a time."""
+def load_passthrough(assets_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of the passed-through tensors stored with a Megatron checkpoint, if any."""
+    path = Path(assets_dir) / FILE
+    if not path.is_file():
+        return
     from safetensors.torch import load_file
 
-    for path in sorted(Path(folder).glob(FILE_PATTERN)):
-        yield from sorted(load_file(str(path)).items())
-
-
-def count_passthrough(folder: str | Path) -> int:
-    """How many tensors :func:`read_passthrough` yields (headers only)."""
-    from safetensors import safe_open
-
-    n = 0
-    for path in Path(folder).glob(FILE_PATTERN):
-        with safe_open(str(path), framework="pt") as f:
-            n += len(list(f.keys()))
-    return n
+    yield from sorted(load_file(str(path)).items())

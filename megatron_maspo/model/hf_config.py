@@ -76,7 +76,7 @@ def arch_spec_from_hf(config: Any) -> ArchSpec:
         fields["add_qkv_bias"] = True
     if family.qk_norm != "config":
         fields["qk_layernorm"] = bool(family.qk_norm)
-    extra = {**{k: d[k] for k in TOKEN_ID_KEYS if d.get(k) is not None}, **fields.pop("extra", {})}
+    extra = {k: d[k] for k in TOKEN_ID_KEYS if d.get(k) is not None} | fields.pop("extra", {})
     return ArchSpec(family=family.name, extra=extra, **fields)
 
 

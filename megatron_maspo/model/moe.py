@@ -154,9 +154,10 @@ def check_model_layout(model: Any, parallel: Any, spec: Any) -> None:
         ConfigError: naming the ``parallel.*`` / ``model.*`` keys and the constraint.
     """
     from megatron_maspo.errors import ConfigError
+    from megatron_maspo.parallel.config import sequence_parallel_on
 
     p = parallel
-    sp = model.attention_backend == "te" and p.tp > 1
+    sp = sequence_parallel_on(p.sequence_parallel, model.attention_backend, p.tp, spec.is_moe)
     try:
         spec.validate_layout(p.tp, p.pp, p.ep, p.vpp, sequence_parallel=sp)
     except ValueError as e:

@@ -56,7 +56,9 @@ class ModelBuildOptions:
     """Core attention of the local spec: ``"packed_sdpa"``, ``"dense_mask"`` or ``"varlen"`` (one varlen flash
     call per layer, GPU only); ``"te"`` = TE spec (its thd attention)."""
     sequence_parallel: bool = False
-    """Megatron sequence parallelism (TE spec with TP > 1 only: the local spec's torch norms refuse it)."""
+    """Megatron sequence parallelism (TP > 1 only): activations outside attention/MLP split along the
+    sequence over TP. The TE spec's norms support it; the local spec gets SP-aware torch norms
+    (``model/sp_norm.py``). MoE needs it at TP > 1 (``parallel.config.sequence_parallel_on``)."""
     calculate_per_token_loss: bool = True
     """Megatron's exact global token-mean path (loss-formulas.md §2.2)."""
     use_cpu_initialization: bool = True
@@ -231,16 +233,19 @@ def layer_spec(spec: ArchSpec, opts: ModelBuildOptions):
         from megatron_maspo.model.te_spec import te_layer_spec
 
         return te_layer_spec(spec, grouped_gemm=moe_grouped_gemm(opts))
-    if opts.sequence_parallel:
-        raise ValueError("sequence_parallel needs the Transformer Engine spec (attention_backend='te')")
     if spec.is_mla:
         from megatron_maspo.model.mla import mla_layer_spec
 
-        return mla_layer_spec(spec, grouped_gemm=moe_grouped_gemm(opts), core_attention=_core_attention(opts))
+        lspec = mla_layer_spec(spec, grouped_gemm=moe_grouped_gemm(opts), core_attention=_core_attention(opts))
+        if opts.sequence_parallel:  # the latent norms too: they see this rank's sequence chunk
+            _use_sequence_parallel_norms(lspec)
+        return lspec
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     lspec = get_gpt_layer_local_spec(num_experts=spec.num_moe_experts, moe_grouped_gemm=moe_grouped_gemm(opts),
                                      qk_layernorm=spec.qk_layernorm, normalization="RMSNorm")
+    if opts.sequence_parallel:  # torch norms whose weights finalize_model_grads sums over TP (model/sp_norm.py)
+        _use_sequence_parallel_norms(lspec)
     core = _core_attention(opts)  # varlen: one flash call per layer (GPU; model/varlen_attention.py)
     if core is not None:
         attention: Any = lspec.submodules.self_attention  # type: ignore[attr-defined]
@@ -261,13 +266,30 @@ def _core_attention(opts: ModelBuildOptions) -> type | None:
     return None
 
 
+def _use_sequence_parallel_norms(lspec: Any) -> None:
+    """Swap the local spec's norm builders (``WrappedTorchNorm``, which refuses SP) for
+    :class:`~megatron_maspo.model.sp_norm.SequenceParallelTorchNorm` in place."""
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    from megatron_maspo.model.sp_norm import SequenceParallelTorchNorm
+
+    subs = lspec.submodules
+    for owner, name in ((subs, "input_layernorm"), (subs, "pre_mlp_layernorm"),
+                        (subs.self_attention.submodules, "q_layernorm"),
+                        (subs.self_attention.submodules, "k_layernorm"),
+                        (subs.self_attention.submodules, "kv_layernorm")):  # MLA's latent norms
+        if getattr(owner, name, IdentityOp) not in (IdentityOp, None):
+            setattr(owner, name, SequenceParallelTorchNorm)
+
+
 def block_spec(spec: ArchSpec, opts: ModelBuildOptions, tcfg: Any, *, pp_rank: int, vp_stage: int | None):
     """The decoder spec of one model chunk: one layer spec for every layer, or, with dense first layers
     (``spec.moe_first_k_dense``), a ``TransformerBlockSubmodules`` holding this chunk's slice of
     ``[dense] * k + [moe] * (L - k)`` (Megatron's ``moe_layer_freq`` list; its own block-spec builder
     does not take our core-attention choice, so the slice is cut here with the same offset helpers)."""
     lspec = layer_spec(spec, opts)
-    if not spec.is_moe or not spec.moe_first_k_dense:
+    local_sp = opts.sequence_parallel and not uses_te(opts)  # the final norm must be the SP one too
+    if not local_sp and not (spec.is_moe and spec.moe_first_k_dense):
         return lspec
     from megatron.core.transformer.transformer_block import (
         LayerNormImpl,
@@ -276,11 +298,18 @@ def block_spec(spec: ArchSpec, opts: ModelBuildOptions, tcfg: Any, *, pp_rank: i
     )
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    dense = layer_spec(dataclasses.replace(spec, num_moe_experts=None, moe_first_k_dense=0), opts)
-    specs = [dense if not spec.is_moe_layer(i) else lspec for i in range(spec.num_layers)]
+    final_norm: Any = LayerNormImpl
+    if local_sp:
+        from megatron_maspo.model.sp_norm import SequenceParallelTorchNorm
+
+        final_norm = SequenceParallelTorchNorm
+
+    dense = layer_spec(dataclasses.replace(spec, num_moe_experts=None, moe_first_k_dense=0), opts) \
+        if spec.is_moe and spec.moe_first_k_dense else lspec
+    specs = [lspec if spec.is_moe_layer(i) or not spec.is_moe else dense for i in range(spec.num_layers)]
     offset = get_transformer_layer_offset(tcfg, vp_stage=vp_stage, pp_rank=pp_rank)
     n = get_num_layers_to_build(tcfg, vp_stage=vp_stage, pp_rank=pp_rank)
-    return TransformerBlockSubmodules(layer_specs=specs[offset:offset + n], layer_norm=LayerNormImpl)
+    return TransformerBlockSubmodules(layer_specs=specs[offset:offset + n], layer_norm=final_norm)
 
 
 def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int) -> list:

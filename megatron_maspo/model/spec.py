@@ -211,9 +211,8 @@ class ArchSpec:
                                  f"expert_model_parallel_size={ep}")
             if tp > 1 and not sequence_parallel:
                 raise ValueError("MoE with tensor_model_parallel_size > 1 needs sequence parallelism "
-                                 "(Megatron refuses MoE+TP training without it), which only the Transformer "
-                                 "Engine spec provides (model.attention_backend='te', GPU); the local spec "
-                                 "(CPU) runs MoE at TP=1 with EP")
+                                 "(Megatron refuses MoE+TP training without it): leave "
+                                 "parallel.sequence_parallel unset (on for MoE at TP > 1) or set it True")
         elif ep != 1:
             raise ValueError(f"expert_model_parallel_size={ep} given for a dense model")
 

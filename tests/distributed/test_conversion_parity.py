@@ -1,8 +1,10 @@
 """HF <-> Megatron conversion on real megatron-core (gloo, 4 CPU ranks) vs real transformers models.
 
 One spawned world runs every layout: each tiny family (Qwen2 QKV-bias tied, Llama llama3-rope
-untied, Qwen3 q/k-norm tied, Qwen3-MoE, DeepSeek-V3 multi-latent attention with YaRN, all layers dense) at TP1 and TP2xPP2 (MoE: EP2 at PP1 and PP2), and under
-``slow`` at TP in {1, 2} x PP in {1, 2} (MoE: TP 1, EP in {1, 2});
+untied, Qwen3 q/k-norm tied, Qwen3-MoE) at TP1 and TP2xPP2 (MoE: EP2 at PP1 and PP2), and under
+``slow`` at TP in {1, 2} x PP in {1, 2} (MoE: EP in {1, 2}, and TP 2 x EP 2 at PP 1 and 2, with sequence
+parallelism); GLM-4.5 and DeepSeek-V3 (multi-latent attention with YaRN,
+DeepSeekMoE) at TP 2 x EP 2 and EP 2 x PP 2 in the default run;
 logits must match transformers to 1e-5 relative, the export must reproduce the safetensors file
 bit for bit on every rank, and a checkpoint saved at TP2xPP2 must load at TP1.
 """
@@ -20,11 +22,11 @@ from tests.distributed._launch import run_workers
 FAMILIES = ["qwen2", "llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3"]
 ALL_DENSE = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1)]
 MOE = ("qwen3_moe", "glm4_moe", "deepseek_v3")
-ALL_MOE = [(1, 1, 1), (1, 1, 2), (1, 2, 1), (1, 2, 2)]
+ALL_MOE = [(1, 1, 1), (1, 1, 2), (1, 2, 1), (1, 2, 2), (2, 1, 2), (2, 2, 2)]  # TP x EP: sequence parallel
 # Default run: every family at TP1 and at TP2xPP2 (MoE: EP2 at PP1 and PP2); the full grid is slow.
 DEFAULT = {"qwen2": [(1, 1, 1), (2, 2, 1)], "llama": [(1, 1, 1), (2, 2, 1)], "qwen3": [(1, 1, 1), (2, 2, 1)],
-           "qwen3_moe": [(1, 1, 2), (1, 2, 2)], "glm4_moe": [(1, 1, 2), (1, 2, 2)],
-           "deepseek_v3": [(1, 1, 2), (1, 2, 2)]}
+           "qwen3_moe": [(1, 1, 2), (1, 2, 2)], "glm4_moe": [(2, 1, 2), (1, 2, 2)],
+           "deepseek_v3": [(2, 1, 2), (1, 2, 2)]}
 
 
 def _cases(tmp_path, families, layouts_of):

@@ -115,6 +115,7 @@ from megatron_maspo.launch.plan.rollout import (
 )
 from megatron_maspo.launch.plan.types import GIB, Assumptions, Layout, Memory, Plan, StepTime
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
+from megatron_maspo.parallel.config import sequence_parallel_on
 from megatron_maspo.parallel.logprobs_budget import DEFAULT_BUDGET_BYTES
 from megatron_maspo.rollout import engines
 from megatron_maspo.rollout.fleet import FleetLayout, build_fleet
@@ -177,7 +178,9 @@ def _layout_reasons(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, world: int,
     reasons: list[str] = []
     try:
         spec.validate_layout(lay.tp, lay.pp, lay.ep, lay.vpp,
-                             sequence_parallel=cfg.model.attention_backend == "te" and lay.tp > 1)
+                             sequence_parallel=sequence_parallel_on(cfg.parallel.sequence_parallel,
+                                                                    cfg.model.attention_backend, lay.tp,
+                                                                    spec.is_moe))
     except ValueError as e:
         reasons.append(str(e))
     if spec.is_moe:
@@ -289,7 +292,7 @@ def _memory(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, dp: int, sh: _Shape, 
     d_dense = dp * lay.cp if lay.distributed_optimizer else 1  # Megatron shards over the dp x cp group
     d_expert = max(1, dp * lay.cp // lay.ep) if lay.distributed_optimizer else 1
     backend = cfg.model.attention_backend
-    sp = backend == "te" and lay.tp > 1
+    sp = sequence_parallel_on(cfg.parallel.sequence_parallel, backend, lay.tp, spec.is_moe)
     per_layer = activation_bytes(spec, lay.tp, lay.recompute, elt, sp)
     act = sh.inflight * (spec.num_layers // lay.pp) * n_tok * per_layer
     if lay.recompute == "full":

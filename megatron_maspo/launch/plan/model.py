@@ -23,27 +23,30 @@ def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[
         attn += (nh * d + 2 * g * d) / t
     if spec.qk_layernorm:
         attn += 2 * d
-    dense, expert = attn + 2 * h, 0.0
-    dense_mlp_layer = dense + 3 * h * spec.ffn_hidden_size / t  # a dense layer (and HF first_k_dense_replace)
+    dense_layer = attn + 2 * h + 3 * h * spec.ffn_hidden_size / t
+    moe_dense, moe_expert = attn + 2 * h, 0.0  # an MoE layer: attention, norms, router, shared expert
     if spec.is_moe:
         assert spec.num_moe_experts and spec.moe_ffn_hidden_size
         # experts are split over EP only: the trainer sets expert_tensor_parallel_size=1 (model/moe.py)
-        expert = spec.num_moe_experts * 3 * h * spec.moe_ffn_hidden_size / lay.ep
-        dense += h * spec.num_moe_experts
-        if spec.moe_shared_expert_intermediate_size:
-            dense += 3 * h * spec.moe_shared_expert_intermediate_size / t + (h if spec.moe_shared_expert_gate else 0)
-    else:
-        dense += 3 * h * spec.ffn_hidden_size / t
-    layers = spec.num_layers // lay.pp
-    # dense first layers (spec.moe_first_k_dense): the stage with the fewest of them holds the most
-    n_dense = max(0, min(layers, spec.moe_first_k_dense - (lay.pp - 1) * layers)) if spec.is_moe else 0
+        moe_expert = spec.num_moe_experts * 3 * h * spec.moe_ffn_hidden_size / lay.ep
+        moe_dense += h * spec.num_moe_experts  # router weight (its fp32 correction bias is a buffer)
+        if spec.moe_shared_expert_intermediate_size:  # Megatron's SharedExpertMLP: split over TP
+            moe_dense += 3 * h * spec.moe_shared_expert_intermediate_size / t
+            moe_dense += h if spec.moe_shared_expert_gate else 0
+    per_stage = spec.num_layers // lay.pp
     emb = spec.padded_vocab_size(t, divisible_by) * h / t
-    if lay.pp == 1:
-        extra = emb * (1 if spec.tie_word_embeddings else 2) + h
-    else:
-        # Stage 0 holds the embedding, the last stage the output layer (a copy when tied) + final norm.
-        extra = emb + h
-    return n_dense * dense_mlp_layer + (layers - n_dense) * dense + extra, (layers - n_dense) * expert
+    best = (0.0, 0.0)
+    for stage in range(lay.pp):  # the stage holding the most parameters (dense first layers sit on stage 0)
+        n_moe = sum(spec.is_moe_layer(i) for i in range(stage * per_stage, (stage + 1) * per_stage))
+        dense = n_moe * moe_dense + (per_stage - n_moe) * dense_layer
+        if lay.pp == 1:
+            dense += emb * (1 if spec.tie_word_embeddings else 2) + h
+        else:
+            # Stage 0 holds the embedding, the last stage the output layer (a copy when tied) + final norm.
+            dense += emb if stage == 0 else (emb + h if stage == lay.pp - 1 else 0)
+        if dense + n_moe * moe_expert > sum(best):
+            best = (dense, n_moe * moe_expert)
+    return best
 
 
 def activation_bytes(spec: ArchSpec, tp: int, recompute: str | None, elt: int,

@@ -33,15 +33,15 @@ MLP: tuple[Entry, ...] = (
     Direct(_H + "down_proj.weight", _M + "linear_fc2.weight", split=1, when="dense_layer"),
     # MoE layers
     Direct(_H + "gate.weight", _M + "router.weight", when="moe_layer"),
-    Direct(_H + "gate.e_score_correction_bias", _M + "router.expert_bias", when="moe_layer", fp32=True),
+    Direct(_H + "gate.e_score_correction_bias", _M + "router.expert_bias", when="expert_bias", fp32=True),
     GatedMLP(_E + "gate_proj.weight", _E + "up_proj.weight", _LE + "linear_fc1.weight", when="moe_layer"),
     Direct(_E + "down_proj.weight", _LE + "linear_fc2.weight", split=1, when="moe_layer"),
     GatedMLP(_S + "gate_proj.weight", _S + "up_proj.weight", _M + "shared_experts.linear_fc1.weight",
-             when="moe_layer"),
-    Direct(_S + "down_proj.weight", _M + "shared_experts.linear_fc2.weight", split=1, when="moe_layer"),
+             when="shared_expert"),
+    Direct(_S + "down_proj.weight", _M + "shared_experts.linear_fc2.weight", split=1, when="shared_expert"),
 )
-"""Every layer's MLP entries; the ``when`` of each picks the dense or the MoE set per layer. The model
-always has a correction bias and a shared expert (``moe_fields_from_hf`` refuses a config without)."""
+"""Every layer's MLP entries; the ``when`` of each picks the dense or the MoE set per layer (the
+correction bias and the shared expert: MoE layers of a spec that has them)."""
 
 
 def moe_fields_from_hf(cfg: Any) -> SpecFields:

@@ -27,8 +27,9 @@ def partial_rotary_factor(d: dict) -> float:
 
 def _from_hf(cfg: Any, d: dict) -> SpecFields:
     fields = llama_style.spec_fields(cfg, d)
+    mtp = int(d.get("num_nextn_predict_layers", 0) or 0)  # passed through by name, kept in the config
     return dict(fields, rotary_percent=partial_rotary_factor(d), qk_layernorm=bool(cfg.use_qk_norm),
-                **deepseek_moe.moe_fields_from_hf(cfg))
+                **deepseek_moe.moe_fields_from_hf(cfg), extra={"num_nextn_predict_layers": mtp} if mtp else {})
 
 
 def _to_hf(spec: Any) -> dict[str, Any]:
@@ -50,7 +51,7 @@ FAMILY = ModelFamily(
     qk_norm="config",
     moe=True,
     shared_experts=True,
-    passthrough=("mtp",),
+    passthrough=("model.layers.{mtp}.",),
     # Every family-specific feature on: 2 layers (layer 0 dense, layer 1 MoE), 8 experts in 4 groups of 2,
     # top-4 from the best 2 groups (HF's top-2-per-group score = Megatron's top-(4/2)), scaling 2.5, one
     # shared expert, QKV bias, q/k norm, rotary on half of each 16-wide head.

@@ -20,7 +20,8 @@ Condition = Literal["qkv_bias", "qk_norm", "untied", "expert_bias", "shared_expe
 """When an entry exists: a spec flag (``qkv_bias``, ``qk_norm``, ``untied``, ``expert_bias`` (the router's
 correction bias), ``shared_expert``), the kind of its layer (``dense_layer``: a dense MLP among MoE
 layers, HF ``first_k_dense_replace``; ``moe_layer``: a layer with routed experts), or ``q_lora`` /
-``no_q_lora`` (multi-latent attention with / without the low-rank query projection)."""
+``no_q_lora`` (multi-latent attention with / without the low-rank query projection). ``expert_bias`` and
+``shared_expert`` entries exist in MoE layers only."""
 
 RopeRows = Literal["per_head", "tail"]
 """Where an MLA weight keeps rotary rows: the last ``qk_pos_emb_head_dim`` rows of every head's

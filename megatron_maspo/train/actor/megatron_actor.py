@@ -107,7 +107,7 @@ class MegatronActor:
         self.model_cfg, self.parallel_cfg = model, parallel
         self.loss_cfg, self.train_cfg, self.temperature = loss, train, temperature
         self.device = default_device()
-        self.opts = actor_build_options(model, parallel)  # shared with the inference-only policy
+        self.opts = actor_build_options(model, parallel, spec)  # shared with the inference-only policy
         # loaded weights replace the random ones: skip the full CPU draw (model/provider.py)
         build_opts = self.opts if init_weights is None else loaded_weights_options(self.opts)
         chunks = build_model_chunks(spec, build_opts, pp_rank=groups.pp_rank)

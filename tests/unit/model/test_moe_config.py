@@ -62,15 +62,21 @@ def test_megatron_keys():
             moe_transformer_kwargs(_moe(), ModelBuildOptions(ep=2, moe_dispatcher="flex"))
 
 
-def test_moe_tp2_ep2_is_refused_on_the_local_spec():
+def test_moe_tp2_ep2_needs_sequence_parallelism():
+    """MoE at TP 2 x EP 2: sequence parallelism is on by default (``parallel.sequence_parallel=None``), and
+    the local spec builds it (SP torch norms); forcing it off is refused with a one-line error."""
     with pytest.raises(ValueError, match="needs sequence parallelism"):
         build_transformer_config(_moe(), ModelBuildOptions(tp=2, ep=2))
     cfg = MaspoConfig(parallel=ParallelConfig(tp=2, ep=2, world_size=4))
+    check_model_layout(cfg.model, cfg.parallel, _moe())  # default: SP on for MoE at TP > 1
+    cfg.parallel.sequence_parallel = False
     with pytest.raises(ConfigError, match=r"parallel.tp=2 parallel.pp=1 parallel.ep=2: MoE with "
                                           r"tensor_model_parallel_size > 1 needs sequence parallelism"):
         check_model_layout(cfg.model, cfg.parallel, _moe())
-    cfg.model.attention_backend = "te"  # the TE spec has sequence parallelism: layout accepted
-    check_model_layout(cfg.model, cfg.parallel, _moe())
+    from megatron_maspo.train.actor.inference import actor_build_options
+
+    assert actor_build_options(cfg.model, ParallelConfig(tp=2, ep=2, world_size=4), _moe()).sequence_parallel
+    assert not actor_build_options(cfg.model, ParallelConfig(tp=2, world_size=2), tiny_qwen2_spec()).sequence_parallel
     with pytest.raises(ConfigError, match="needs an MoE model"):
         check_model_layout(ModelConfig(routing_replay="all"), MaspoConfig().parallel, tiny_qwen2_spec())
 
