@@ -1,5 +1,5 @@
 """DeepSeek-V3 in the trainer: the packed training forward and its gradients against transformers at TP 1,
-and the actor's loss, gradients and step at EP2 / PP2 (MoE) and TP2 (all-dense) against one rank."""
+and the actor's loss, gradients and step at EP2 / PP2 / TP2 x EP2 (MoE) and TP2 (all-dense) against one rank."""
 
 from __future__ import annotations
 
@@ -75,7 +75,9 @@ def _reference(rank: int, world: int) -> dict:
 def _layouts(rank: int, world: int) -> dict:
     res = {"ep2": _moe_procedure(H.build_actor(world, ep=2, spec=_spec())),
            "pp2": _moe_procedure(H.build_actor(world, pp=2, spec=_spec())),
-           "tp2": _moe_procedure(H.build_actor(world, tp=2, spec=_spec(first_k_dense_replace=2)))}
+           "tp2": _moe_procedure(H.build_actor(world, tp=2, spec=_spec(first_k_dense_replace=2))),
+           # TP 2 x EP 2 on the same two ranks: sequence parallelism on (MoE at TP > 1), MLA's latent norms too
+           "tp2ep2": _moe_procedure(H.build_actor(world, tp=2, ep=2, spec=_spec()))}
     return res if rank == 0 else {}
 
 
@@ -83,7 +85,7 @@ def _layouts(rank: int, world: int) -> dict:
 def test_actor_layouts_match_one_rank():
     ref = run_workers(_reference, 1)[0]
     res = run_workers(_layouts, 2)[0]
-    for name, base in (("ep2", "moe"), ("pp2", "moe"), ("tp2", "dense")):
+    for name, base in (("ep2", "moe"), ("pp2", "moe"), ("tp2", "dense"), ("tp2ep2", "moe")):
         r, r1 = res[name], ref[base]
         assert r["first_dev"] == 0.0 and r1["first_dev"] == 0.0, name
         for x, y in zip(r["lp"], r1["lp"]):
