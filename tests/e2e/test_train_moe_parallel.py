@@ -1,6 +1,6 @@
 """MoE runs of ``maspo train`` under torchrun (slow).
 
-``maspo train`` on a tiny Qwen3-MoE, seed 7: TP 2 x EP 2 on 4 gloo ranks (torchrun) trains one step
+``maspo train`` on a tiny Qwen3-MoE and a tiny DeepSeek-V3, seed 7: TP 2 x EP 2 on 4 gloo ranks (torchrun) trains one step
 with the same ``reward/mean`` as one rank, and ``actor/loss`` / ``actor/grad_norm`` within 1e-4 relative.
 
 Sequence parallelism is not set: ``parallel.sequence_parallel`` defaults to None, which turns it on for
@@ -44,9 +44,10 @@ def _tiny_folder(family: str, src):
     tok.save_pretrained(src)
 
 
-def test_tp2_ep2_one_step_equals_one_rank(tmp_path):
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_tp2_ep2_one_step_equals_one_rank(tmp_path, family):
     src = tmp_path / "model"
-    _tiny_folder("qwen3_moe", src)
+    _tiny_folder(family, src)
     one = _train(src, tmp_path / "one", nproc=1, sets=[])
     four = _train(src, tmp_path / "four", nproc=4, sets=["parallel.tp=2", "parallel.ep=2"])
     assert one["actor/grad_norm"] > 0  # a learning step, not an all-equal-reward batch
@@ -55,12 +56,13 @@ def test_tp2_ep2_one_step_equals_one_rank(tmp_path):
         assert math.isclose(four[k], one[k], rel_tol=1e-4), (k, four[k], one[k])
 
 
-def test_glm4_moe_rl_loop_three_steps_at_ep2(tmp_path):
-    """The GLM-4.5 tiny model in the RL loop under torchrun at EP 2 (2 ranks): finite losses, the
-    step-0 ratio exactly 1 on every step, and the engine's log-probs equal the trainer's to float
+@pytest.mark.parametrize("family", ["glm4_moe", "deepseek_v3"])
+def test_rl_loop_three_steps_at_ep2(tmp_path, family):
+    """The GLM-4.5 / DeepSeek-V3 tiny model in the RL loop under torchrun at EP 2 (2 ranks): finite losses,
+    the step-0 ratio exactly 1 on every step, and the engine's log-probs equal the trainer's to float
     rounding (its weights are the trainer's export: checksummed buckets, fp32 both sides)."""
-    src = tmp_path / "glm"
-    _tiny_folder("glm4_moe", src)
+    src = tmp_path / family
+    _tiny_folder(family, src)
     recs = _train(src, tmp_path / "run", nproc=2,
                   sets=["parallel.ep=2", "train.steps=3", "train.sft_steps=60", "train.check_first_ratio=true",
                         "rollout.verify_checksums=true"])
