@@ -196,8 +196,8 @@ def _layout_reasons(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, world: int,
         reasons += cp_trainer_reasons(cfg, lay.tp, lay.pp, lay.cp, world)
     if lay.tp > gpus_per_node:
         reasons.append(f"tp={lay.tp} spans nodes (gpus_per_node={gpus_per_node}); keep TP inside NVLink")
-    if dp % lay.ep:
-        reasons.append(f"data-parallel size {dp} is not divisible by ep={lay.ep}")
+    if (dp * lay.cp * lay.tp) % lay.ep:  # experts at expert-TP 1 lie over TP x CP x DP (parallel/groups.py)
+        reasons.append(f"tp*cp*dp = {lay.tp * lay.cp * dp} is not divisible by ep={lay.ep}")
     return reasons, dp
 
 
@@ -290,7 +290,8 @@ def _memory(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, dp: int, sh: _Shape, 
     p_local, elt, n_tok = p_dense + p_expert, sh.elt, sh.n_tok
     opt_per_param = 12 if (cfg.model.bf16 or cfg.model.fp16) else 8  # 16-bit weights + fp32 master copy
     d_dense = dp * lay.cp if lay.distributed_optimizer else 1  # Megatron shards over the dp x cp group
-    d_expert = max(1, dp * lay.cp // lay.ep) if lay.distributed_optimizer else 1
+    # expert data-parallel size = tp*cp*dp/ep: Megatron's expert layout is ETP 1 x EP x expert-DP x PP
+    d_expert = max(1, dp * lay.cp * lay.tp // lay.ep) if lay.distributed_optimizer else 1
     backend = cfg.model.attention_backend
     sp = sequence_parallel_on(cfg.parallel.sequence_parallel, backend, lay.tp, spec.is_moe)
     per_layer = activation_bytes(spec, lay.tp, lay.recompute, elt, sp)
