@@ -58,17 +58,20 @@ def test_tp2_ep2_one_step_equals_one_rank(tmp_path, family):
 
 @pytest.mark.parametrize("family", ["glm4_moe", "deepseek_v3"])
 def test_rl_loop_three_steps_at_ep2(tmp_path, family):
-    """The GLM-4.5 / DeepSeek-V3 tiny model in the RL loop under torchrun at EP 2 (2 ranks): finite losses,
-    the step-0 ratio exactly 1 on every step, and the engine's log-probs equal the trainer's to float
-    rounding (its weights are the trainer's export: checksummed buckets, fp32 both sides)."""
+    """The GLM-4.5 / DeepSeek-V3 tiny model in the RL loop under torchrun at EP 2 (2 ranks) with routing
+    replay: finite losses, the step-0 ratio exactly 1 on every step, and the engine's log-probs equal the
+    trainer's to float rounding (its weights are the trainer's export: checksummed buckets, fp32 both sides)."""
     src = tmp_path / family
     _tiny_folder(family, src)
     recs = _train(src, tmp_path / "run", nproc=2,
                   sets=["parallel.ep=2", "train.steps=3", "train.sft_steps=60", "train.check_first_ratio=true",
-                        "rollout.verify_checksums=true"])
+                        "rollout.verify_checksums=true", "model.routing_replay=all"])
     assert len(recs) == 3
     for r in recs:
         assert math.isfinite(r["actor/loss"]) and math.isfinite(r["actor/grad_norm"])
         assert r["actor/first_ratio_max_abs_dev"] == 0.0
         assert r["mismatch/logprob_abs_diff_mean"] < 1e-5
     assert any(r["actor/grad_norm"] > 0 for r in recs)
+    # the engine's experts (MoE layers only: layer 0 is dense) replayed in every RL micro-batch; the first
+    # record also counts the SFT warm-up's micro-batches, which have no engine routing
+    assert [r["moe/replay_missing_mb"] for r in recs[1:]] == [0.0, 0.0]

@@ -133,7 +133,7 @@ class MegatronActor:
         self.replay_mode = model.routing_replay
         if self.replay_mode != "off" and not spec.is_moe:
             raise ValueError(f"model.routing_replay={self.replay_mode!r} needs an MoE model")
-        self.replay = (RoutingReplay(self.chunks, num_layers=spec.num_moe_layers, first_moe_layer=spec.moe_first_k_dense)
+        self.replay = (RoutingReplay(self.chunks, moe_layers=[i for i in range(spec.num_layers) if spec.is_moe_layer(i)])
                        if self.replay_mode != "off" else None)
         # Megatron's allgather MoE dispatcher (CPU at EP > 1) needs equal row lengths over the EP group
         self._equal_rows = p.ep > 1 and getattr(

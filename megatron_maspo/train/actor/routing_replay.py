@@ -54,17 +54,17 @@ class RoutingReplay:
 
     Args:
         chunks: the policy's model chunks (built with ``moe_enable_routing_replay``).
-        num_layers: number of MoE layers (the targets' first dimension: the engine reports the layers
-            that route, dense first layers have no entry).
-        first_moe_layer: global 0-based index of the first MoE layer (HF ``first_k_dense_replace``).
+        moe_layers: global (0-based) ids of the layers with routed experts, in order; the engine records
+            one entry per such layer (dense first layers have no gate), so the targets' first dimension
+            is ``len(moe_layers)`` and layer ``moe_layers[j]`` replays entry ``j``.
     """
 
-    def __init__(self, chunks: list, *, num_layers: int, first_moe_layer: int = 0) -> None:
-        self.first_moe_layer = first_moe_layer
+    def __init__(self, chunks: list, *, moe_layers: Sequence[int]) -> None:
         self.per_chunk = [[r for r in routers([c]) if r.router_replay is not None] for c in chunks]
         if not any(self.per_chunk):
             raise ValueError("routing replay needs routers built with moe_enable_routing_replay")
-        self.num_layers = num_layers
+        self.num_layers = len(moe_layers)
+        self.entry = {layer: j for j, layer in enumerate(moe_layers)}
         self.topk = next(r for rs in self.per_chunk for r in rs).topk
         self.missing = 0  # micro-batches run without replay (a sample had no routed experts)
 
@@ -81,7 +81,7 @@ class RoutingReplay:
             if target is None:
                 rr.clear_router_replay_action()
             else:
-                rr.set_target_indices(target[r.layer_number - 1 - self.first_moe_layer].to(device))
+                rr.set_target_indices(target[self.entry[r.layer_number - 1]].to(device))
                 rr.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
 
     def iterate(self, chunk: int, inputs: list, targets: list, device: torch.device) -> Iterator:
