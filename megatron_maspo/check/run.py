@@ -83,7 +83,7 @@ def documented_layout(cfg) -> tuple[int, int]:
     return max(1, world // g), g
 
 
-def _build_options(cfg):
+def _build_options(cfg, spec):
     """The trainer's ``ModelBuildOptions`` for ``cfg`` (``train/actor/inference.actor_build_options``), on the meta
     device; with the TE backend the local spec stands in (names renamed later). Returns (opts, te, grouped)."""
     from megatron_maspo.model.provider import moe_grouped_gemm
@@ -92,7 +92,7 @@ def _build_options(cfg):
     te = cfg.model.attention_backend == "te"
     built = cfg if not te else dataclasses.replace(cfg, model=dataclasses.replace(cfg.model,
                                                                                  attention_backend="packed_sdpa"))
-    opts = dataclasses.replace(actor_build_options(built.model, built.parallel), use_cpu_initialization=False)
+    opts = dataclasses.replace(actor_build_options(built.model, built.parallel, spec), use_cpu_initialization=False)
     grouped = moe_grouped_gemm(dataclasses.replace(opts, use_te=True))
     return opts, te, grouped
 
@@ -143,7 +143,7 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, node_shm_gb: fl
         raise CheckError("layout", f"{nodes} x {gpus_per_node} GPUs{pool}: {e}") from None
     spec = arch_of(cfg)
     t0 = time.perf_counter()
-    opts, te, grouped = _build_options(cfg)
+    opts, te, grouped = _build_options(cfg, spec)
     say(f"model: {cfg.model.arch or cfg.model.source} ({spec.num_parameters() / 1e9:.2f} B parameters), "
         f"{'TE (recorded names)' if te else 'local'} spec, on {nodes} x {gpus_per_node} GPUs: tp={p.tp} "
         f"pp={p.pp} ep={p.ep} cp={p.cp}, {len(coords)} distinct model-parallel ranks"

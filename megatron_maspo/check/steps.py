@@ -22,7 +22,8 @@ bytes against the built chunks').
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -51,11 +52,26 @@ def _params(chunk: torch.nn.Module) -> dict[str, torch.Tensor]:
     return dict(unwrap(chunk).named_parameters())
 
 
-def renamed_to_te(params: dict[str, torch.Tensor], *, moe: bool, grouped: bool) -> dict[str, torch.Tensor]:
-    """``params`` under the TE spec's names (the recorded list: TE itself cannot be built here)."""
+def renamed_to_te(params: dict[str, torch.Tensor], *, moe: bool | Callable[[str], bool],
+                  grouped: bool) -> dict[str, torch.Tensor]:
+    """``params`` under the TE spec's names (the recorded list: TE itself cannot be built here); ``moe``:
+    every layer has experts, or a function of the local name saying whether its layer does."""
     from megatron_maspo.model.te_names import te_name
 
-    return {te_name(n, moe_layer=moe, grouped_gemm=grouped): t for n, t in params.items()}
+    is_moe = moe if callable(moe) else (lambda _n: moe)
+    return {te_name(n, moe_layer=is_moe(n), grouped_gemm=grouped): t for n, t in params.items()}
+
+
+def _moe_layer_of(chunk: torch.nn.Module, spec) -> Callable[[str], bool]:
+    """Local parameter name -> whether its decoder layer has routed experts (dense first layers)."""
+    from megatron_maspo.conversion.plan import chunk_layers
+
+    layers = chunk_layers(chunk)
+
+    def moe(name: str) -> bool:
+        m = re.match(r"(?:.*\.)?decoder\.layers\.(\d+)\.", name)
+        return spec.is_moe_layer(layers[int(m[1])]) if m else spec.is_moe
+    return moe
 
 
 def _expected_local_shape(entry, hf_shapes: list[tuple[int, ...]], tp: int, vocab_rows: int) -> tuple[int, ...]:
@@ -78,14 +94,20 @@ def _expected_local_shape(entry, hf_shapes: list[tuple[int, ...]], tp: int, voca
 def check_names(chunks: list[torch.nn.Module], spec, *, tp: int, ep: int, ep_rank: int, vocab_rows: int,
                 where: str, te: bool = False, grouped: bool = False) -> int:
     """Conversion tables vs the chunks' parameter names and shapes, both directions; returns names checked."""
-    from megatron_maspo.conversion.plan import hf_shape, local_items, mcore_names, resolve
+    from megatron_maspo.conversion.plan import (
+        chunk_tensors,
+        hf_shape,
+        local_items,
+        mcore_names,
+        resolve,
+    )
     from megatron_maspo.model.checkpoint import unwrap
 
     checked = 0
     for chunk in chunks:
-        params = _params(chunk)
+        params = chunk_tensors(chunk)  # parameters and the routers' correction-bias buffers
         if te:
-            params = renamed_to_te(params, moe=spec.is_moe, grouped=grouped)
+            params = renamed_to_te(params, moe=_moe_layer_of(chunk, spec), grouped=grouped)
         claimed: set[str] = set()
         for item, local_layer in local_items(chunk, spec):
             names = mcore_names(item, local_layer, spec, ep, ep_rank)

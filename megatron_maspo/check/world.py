@@ -51,10 +51,12 @@ def coordinates(world: int, *, tp: int, pp: int, ep: int, cp: int = 1) -> list[C
     """
     from megatron.core.parallel_state import RankGenerator
 
-    if world % (tp * pp * cp) or world % (tp * pp * ep):
-        raise ValueError(f"world {world} is not divisible by tp*pp*cp={tp * pp * cp} and tp*pp*ep={tp * pp * ep}")
+    if world % (tp * pp * cp) or world % (pp * ep):
+        raise ValueError(f"world {world} is not divisible by tp*pp*cp={tp * pp * cp} and pp*ep={pp * ep}")
     dense = RankGenerator(tp=tp, ep=1, dp=world // (tp * pp * cp), pp=pp, cp=cp, order="tp-cp-ep-dp-pp")
-    expert = RankGenerator(tp=tp, ep=ep, dp=world // (tp * pp * ep), pp=pp, cp=1, order="tp-cp-ep-dp-pp")
+    # experts are not split over TP (expert_tensor_parallel_size=1, parallel/groups.py): the expert
+    # layout is ETP 1 x EP x expert-DP x PP over the same ranks
+    expert = RankGenerator(tp=1, ep=ep, dp=world // (pp * ep), pp=pp, cp=1, order="tp-cp-ep-dp-pp")
 
     def position(gen: RankGenerator, name: str) -> dict[int, int]:
         return {r: i for group in gen.get_ranks(name) for i, r in enumerate(group)}
@@ -101,7 +103,8 @@ def fake_rank(world: int, coord: Coordinate, *, tp: int, pp: int, ep: int, cp: i
     try:
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                      virtual_pipeline_model_parallel_size=vpp, context_parallel_size=cp,
-                                     expert_model_parallel_size=ep, create_gloo_process_groups=False)
+                                     expert_model_parallel_size=ep, expert_tensor_parallel_size=1,
+                                     create_gloo_process_groups=False)
         tensor_parallel.model_parallel_cuda_manual_seed(1234)
         got = (ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(),
                ps.get_expert_model_parallel_rank(), ps.get_context_parallel_rank())

@@ -18,14 +18,21 @@ import torch
 from megatron_maspo.conversion import hybrid_shard
 from megatron_maspo.conversion.mapping import QKV, Direct, Entry, GatedMLP
 from megatron_maspo.conversion.plan import (
+    chunk_tensors,
     hf_shape,
     hf_state_dict_keys,
     local_items,
     mcore_names,
     resolve,
-    unwrap,
 )
-from megatron_maspo.conversion.shard import gated_shard, pad_vocab, qkv_shard, tp_shard
+from megatron_maspo.conversion.shard import (
+    gated_shard,
+    pad_vocab,
+    qkv_shard,
+    rope_block,
+    rope_rows_to_megatron,
+    tp_shard,
+)
 from megatron_maspo.conversion.validate import safetensors_files
 from megatron_maspo.errors import InputError
 from megatron_maspo.model.spec import ArchSpec
@@ -86,8 +93,10 @@ class HFSource(contextlib.AbstractContextManager):
 
 def check_hf_keys(src: HFSource, spec: ArchSpec) -> None:
     """Exact key-set and shape check of ``src`` against ``spec``; ``InputError`` names the tensors."""
+    from megatron_maspo.conversion.passthrough import passthrough_keys
+
     expected = hf_state_dict_keys(spec)
-    got = src.keys()
+    got = src.keys() - set(passthrough_keys(spec, src.keys()))  # kept by name (MTP layers), not converted
     missing = [k for k in expected if k not in got]
     extra = sorted(got - set(expected))
     if missing or extra:
@@ -111,6 +120,8 @@ def _megatron_shard(entry: Entry, hf: list[torch.Tensor], spec: ArchSpec, tp: in
         return hybrid_shard.shard(entry, hf, spec, tp, rank)
     assert isinstance(entry, Direct)
     full = pad_vocab(hf[0], padded_rows) if entry.vocab and padded_rows else hf[0]
+    if reorder := rope_block(entry.rope_rows, spec, full.shape[0]):
+        full = rope_rows_to_megatron(full, *reorder)
     return tp_shard(full, entry.split, tp, rank)
 
 
@@ -142,7 +153,7 @@ def load_hf_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Paral
         check_hf_keys(src, spec)
         plans = []
         for chunk in chunks:  # plan everything first: a table error leaves the model untouched
-            params = dict(unwrap(chunk).named_parameters())
+            params = chunk_tensors(chunk)
             plan, used = [], set()
             for item, local_layer in local_items(chunk, spec):
                 for mname, expert in mcore_names(item, local_layer, spec, groups.ep, groups.ep_rank):

@@ -16,6 +16,7 @@ tracebacks, and a failed job leaves no output or temporary folder behind.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 
 def _world(tp: int, pp: int, ep: int) -> int:
-    # EP ranks live in the data-parallel dimension (TP = 1 for MoE on the local spec).
+    # EP ranks are laid over the TP x DP ranks (expert TP is 1): the smallest world holding both.
     return tp * pp * max(1, ep // tp)
 
 
@@ -84,11 +85,14 @@ def _groups_and_chunks(spec, tp: int, pp: int, ep: int, dtype: torch.dtype, spec
     the local spec, the trainer's default, on every machine (not "TE whenever it imports").
     """
     from megatron_maspo.model.provider import ModelBuildOptions, build_model_chunks
+    from megatron_maspo.parallel.config import sequence_parallel_on
     from megatron_maspo.parallel.groups import init_parallel
 
     groups = init_parallel(tp=tp, pp=pp, ep=ep)
     opts = ModelBuildOptions(tp=tp, pp=pp, ep=ep, params_dtype=dtype, bf16=dtype == torch.bfloat16,
                              **(spec_fields or {"use_te": False}))
+    # the trainer's default (parallel.sequence_parallel=None): MoE at TP > 1 runs with sequence parallelism
+    opts.sequence_parallel = sequence_parallel_on(None, opts.attention_backend, tp, spec.is_moe)
     return groups, build_model_chunks(spec, opts, pp_rank=groups.pp_rank), opts
 
 
@@ -132,6 +136,8 @@ def hf_to_megatron_rank(rank: int, world: int, hf_dir: str, out: str, tp: int, p
     groups, chunks, opts = _groups_and_chunks(spec, tp, pp, ep, hf_checkpoint_dtype(hf_dir))
     load_hf_weights(chunks, spec, groups, hf_dir)
     save_model_checkpoint(chunks, out, spec, hf_assets=hf_dir, opts=opts)
+    if rank == 0:
+        _store_passthrough(spec, hf_dir, out)
     result: dict[str, Any] = {"rank": rank, "out": out}
     if verify:
         for m in chunks:  # reload from disk into zeroed weights: verify the checkpoint, not memory
@@ -140,6 +146,20 @@ def hf_to_megatron_rank(rank: int, world: int, hf_dir: str, out: str, tp: int, p
         load_model_checkpoint(chunks, out)
         result["max_rel_error"] = _verify(chunks, spec, groups, hf_dir)
     return result
+
+
+def _store_passthrough(spec, hf_dir: str | Path, out: str | Path) -> None:
+    """The family's pass-through tensors (MTP layers) of ``hf_dir``, bytes unchanged, into the checkpoint."""
+    from megatron_maspo.conversion.dist_ckpt import ASSETS_DIR
+    from megatron_maspo.conversion.hf_to_megatron import HFSource
+    from megatron_maspo.conversion.passthrough import passthrough_keys, save_passthrough
+
+    with HFSource(hf_dir) as src:
+        keys = passthrough_keys(spec, src.keys())
+        if keys:
+            (Path(out) / ASSETS_DIR).mkdir(exist_ok=True)
+            save_passthrough({k: src.get(k) for k in keys}, Path(out) / ASSETS_DIR)
+            logger.info("passed %d tensors through by name (%s ...)", len(keys), keys[0])
 
 
 def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp: int, ep: int,
@@ -167,9 +187,11 @@ def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp:
         config["torch_dtype"] = str(tdtype).removeprefix("torch.")
         assets = Path(ckpt) / ASSETS_DIR
         try:
+            from megatron_maspo.conversion.passthrough import load_passthrough
             from megatron_maspo.conversion.plan import hf_state_dict_keys
 
-            save_hf_folder(stream, out, config, copy_from=assets if assets.is_dir() else None,
+            named = itertools.chain(stream, load_passthrough(assets))  # MTP layers: as they were read
+            save_hf_folder(named, out, config, copy_from=assets if assets.is_dir() else None,
                            total=len(hf_state_dict_keys(spec)))
         except BaseException:
             for _ in stream:  # keep the other ranks' collectives matched, then fail
@@ -230,8 +252,8 @@ def _reject_existing(out: str | Path) -> None:
 
 
 def _checked_layout(spec, tp: int, pp: int, ep: int) -> None:
-    try:
-        spec.validate_layout(tp, pp, ep)
+    try:  # conversion builds MoE at TP > 1 with sequence parallelism, as the trainer does (_groups_and_chunks)
+        spec.validate_layout(tp, pp, ep, sequence_parallel=spec.is_moe and tp > 1)
     except ValueError as e:
         raise ConfigError(f"--tp {tp} --pp {pp} --ep {ep}: {e}") from None
 

@@ -22,17 +22,25 @@ def is_expert(entry: Entry) -> bool:
     return "{expert}" in entry.hf_names[0]
 
 
-def enabled(entry: Entry, spec: ArchSpec) -> bool:
-    """Whether ``entry`` exists for ``spec`` (its ``when`` condition holds)."""
-    if entry.when is None:
+def enabled(entry: Entry, spec: ArchSpec, layer: int | None = None) -> bool:
+    """Whether ``entry`` exists for ``spec`` (at global layer ``layer`` for a layer entry)."""
+    w = entry.when
+    if w is None:
         return True
-    if entry.when == "qkv_bias":
-        return spec.add_qkv_bias
-    if entry.when == "qk_norm":
-        return spec.qk_layernorm
-    if entry.when == "untied":
-        return not spec.tie_word_embeddings
-    raise ValueError(f"unknown mapping condition {entry.when!r}; accepted: qkv_bias, qk_norm, untied")
+    if w in ("q_lora", "no_q_lora"):  # multi-latent attention with / without the low-rank query
+        return spec.is_mla and (spec.q_lora_rank is not None) == (w == "q_lora")
+    flags = {"qkv_bias": spec.add_qkv_bias, "qk_norm": spec.qk_layernorm, "untied": not spec.tie_word_embeddings,
+             "expert_bias": spec.moe_router_expert_bias,
+             "shared_expert": bool(spec.moe_shared_expert_intermediate_size), "moe_layer": True, "dense_layer": True}
+    if w not in flags:
+        raise ValueError(f"unknown mapping condition {w!r}; accepted: {sorted(flags)}, q_lora, no_q_lora")
+    if w in ("dense_layer", "moe_layer", "expert_bias", "shared_expert"):
+        if layer is None:
+            raise ValueError(f"mapping condition {w!r} needs the layer index")
+        # the bias and the shared expert live in MoE layers only
+        if spec.is_moe_layer(layer) != (w != "dense_layer"):
+            return False
+    return flags[w]
 
 
 def fill(template: str, **kw: int) -> str:

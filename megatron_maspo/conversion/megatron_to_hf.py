@@ -23,13 +23,21 @@ from megatron_maspo.conversion.mapping import QKV, Direct, GatedMLP, fill, is_ex
 from megatron_maspo.conversion.plan import (
     Item,
     chunk_layers,
+    chunk_tensors,
     global_items,
     hf_shape,
     mcore_names,
     resolve,
     unwrap,
 )
-from megatron_maspo.conversion.shard import gated_merge, qkv_merge, tp_merge, unpad_vocab
+from megatron_maspo.conversion.shard import (
+    gated_merge,
+    qkv_merge,
+    rope_block,
+    rope_rows_to_hf,
+    tp_merge,
+    unpad_vocab,
+)
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.groups import ParallelGroups
@@ -69,6 +77,8 @@ def _to_hf(item: Item, parts: list[torch.Tensor], spec: ArchSpec) -> list[torch.
         return hybrid_shard.merge(e, parts, spec)
     assert isinstance(e, Direct)
     full = tp_merge(parts, e.split)
+    if reorder := rope_block(e.rope_rows, spec, full.shape[0]):
+        full = rope_rows_to_hf(full, *reorder)
     return [unpad_vocab(full, spec.vocab_size) if e.vocab else full]
 
 
@@ -79,7 +89,8 @@ def _owned_tensors(item: Item, params: dict, local_layer: int | None, spec: Arch
     if not is_expert(item.entry):
         local = params[resolve(params, names[0][0])].detach()
         parts = _gather(local, groups.tp if item.entry.split is not None else 1, groups.tp_group)
-        return [t.to(dtype) for t in _to_hf(item, parts, spec)]
+        keep = torch.float32 if getattr(item.entry, "fp32", False) else dtype
+        return [t.to(keep) for t in _to_hf(item, parts, spec)]
     # Experts: stack this EP rank's experts, gather the stacks (EP rank order = global expert order).
     local = torch.stack([params[resolve(params, n)].detach() for n, _ in names])
     experts = torch.cat(_gather(local, groups.ep, groups.ep_group), dim=0)
@@ -121,13 +132,13 @@ def export_hf_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Par
     # Where each of my global layers lives: (params of its chunk, stage-local index).
     local: dict[int, tuple[dict, int]] = {}
     for chunk in chunks:
-        params = dict(unwrap(chunk).named_parameters())
+        params = chunk_tensors(chunk)
         for i, layer in enumerate(chunk_layers(chunk)):
             local[layer] = (params, i)
     models = [unwrap(c) for c in chunks]
     device = next(models[0].parameters()).device
-    first = dict(models[0].named_parameters())
-    last = dict(models[-1].named_parameters())
+    first = chunk_tensors(models[0])
+    last = chunk_tensors(models[-1])
     for item in global_items(spec):
         owner = {"pre": owner_pre, "post": owner_post}.get(item.section) if item.layer is None \
             else owner_layer[item.layer]
@@ -140,7 +151,8 @@ def export_hf_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Par
             tensors = _owned_tensors(item, params, local_layer, spec, groups, wire)
         else:
             # receive buffers where the owner's tensors are: the parameters' device
-            tensors = [torch.empty(hf_shape(n, spec), dtype=wire, device=device) for n in names]
+            tensors = [torch.empty(hf_shape(n, spec), dtype=torch.float32 if getattr(item.entry, "fp32", False)
+                                   else wire, device=device) for n in names]
         if groups.pp > 1:
             src = dist.get_global_rank(groups.pp_group, owner)
             for t in tensors:

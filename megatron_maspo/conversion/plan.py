@@ -19,7 +19,7 @@ from megatron_maspo.model.families.registry import get_family
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.model.te_names import spellings
 
-__all__ = ["Item", "chunk_layers", "global_items", "hf_shape", "hf_state_dict_keys", "local_items",
+__all__ = ["Item", "chunk_layers", "chunk_tensors", "global_items", "hf_shape", "hf_state_dict_keys", "local_items",
            "mcore_names", "resolve", "unwrap"]
 
 
@@ -42,7 +42,7 @@ def global_items(spec: ArchSpec) -> list[Item]:
     table = family_table(spec)
     items = [Item(e, "pre") for e in table.pre if enabled(e, spec)]
     for layer in range(spec.num_layers):
-        items += [Item(e, "layer", layer) for e in layer_entries(spec, layer) if enabled(e, spec)]
+        items += [Item(e, "layer", layer) for e in layer_entries(spec, layer) if enabled(e, spec, layer)]
     items += [Item(e, "post") for e in table.post if enabled(e, spec)]
     return items
 
@@ -66,6 +66,8 @@ def hf_shape(name: str, spec: ArchSpec) -> tuple[int, ...]:
     h, hd = spec.hidden_size, spec.kv_channels
     nq, nkv = spec.num_attention_heads * hd, spec.num_query_groups * hd
     f = spec.moe_ffn_hidden_size if ".experts." in name else spec.ffn_hidden_size
+    if ".shared_experts." in name:
+        f = spec.moe_shared_expert_intermediate_size
     rules = {
         "embed_tokens.weight": (spec.vocab_size, h), "lm_head.weight": (spec.vocab_size, h),
         "layernorm.weight": (h,), "model.norm.weight": (h,), "q_norm.weight": (hd,),
@@ -73,11 +75,33 @@ def hf_shape(name: str, spec: ArchSpec) -> tuple[int, ...]:
         "v_proj.weight": (nkv, h), "q_proj.bias": (nq,), "k_proj.bias": (nkv,), "v_proj.bias": (nkv,),
         "o_proj.weight": (h, nq), "gate_proj.weight": (f, h), "up_proj.weight": (f, h),
         "down_proj.weight": (h, f), "mlp.gate.weight": (spec.num_moe_experts or 0, h),
+        "mlp.gate.e_score_correction_bias": (spec.num_moe_experts or 0,),
     }
+    if spec.is_mla:  # checked first: "kv_a_layernorm.weight" also ends in "layernorm.weight"
+        rules = {**_mla_shapes(spec), **rules}
     for suffix, shape in rules.items():
         if name.endswith(suffix):
             return shape
     raise ValueError(f"HF tensor {name!r} is not part of a {spec.family} checkpoint")
+
+
+def _mla_shapes(spec: ArchSpec) -> dict[str, tuple[int, ...]]:
+    """HF shapes of the multi-latent attention tensors (``o_proj`` is the generic rule: ``kv_channels`` is
+    the value head dim)."""
+    h, nh, q, kv = spec.hidden_size, spec.num_attention_heads, spec.q_lora_rank or 0, spec.kv_lora_rank or 0
+    qk = nh * (spec.qk_head_dim + spec.qk_pos_emb_head_dim)
+    return {"q_a_proj.weight": (q, h), "q_a_layernorm.weight": (q,), "q_b_proj.weight": (qk, q),
+            "self_attn.q_proj.weight": (qk, h), "kv_a_proj_with_mqa.weight": (kv + spec.qk_pos_emb_head_dim, h),
+            "kv_a_layernorm.weight": (kv,), "kv_b_proj.weight": (nh * (spec.qk_head_dim + spec.kv_channels), kv)}
+
+
+def chunk_tensors(chunk: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors conversion maps in a chunk: its parameters and the routers' persistent ``expert_bias``
+    buffers (the correction bias is state, not a trained parameter, yet part of the checkpoint)."""
+    model = unwrap(chunk)
+    out = dict(model.named_parameters())
+    out.update((n, b) for n, b in model.named_buffers() if n.endswith("router.expert_bias"))
+    return out
 
 
 def chunk_layers(chunk: torch.nn.Module) -> list[int]:
@@ -112,6 +136,6 @@ def local_items(chunk: torch.nn.Module, spec: ArchSpec) -> Iterator[tuple[Item, 
     if model.pre_process:
         yield from ((Item(e, "pre"), None) for e in table.pre if enabled(e, spec))
     for i, layer in enumerate(chunk_layers(model)):
-        yield from ((Item(e, "layer", layer), i) for e in layer_entries(spec, layer) if enabled(e, spec))
+        yield from ((Item(e, "layer", layer), i) for e in layer_entries(spec, layer) if enabled(e, spec, layer))
     if model.post_process:
         yield from ((Item(e, "post"), None) for e in table.post if enabled(e, spec))

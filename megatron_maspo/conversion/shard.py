@@ -108,3 +108,38 @@ def unpad_vocab(t: torch.Tensor, vocab_size: int) -> torch.Tensor:
     if t.shape[0] < vocab_size:
         raise ValueError(f"embedding has {t.shape[0]} rows < vocab_size={vocab_size}")
     return t[:vocab_size]
+
+
+def _rope_order(rows: int, block: int, rope: int, *, interleave: bool) -> torch.Tensor:
+    """Row index of a ``[rows, *]`` tensor whose every ``block`` rows end in ``rope`` rotary rows.
+
+    ``interleave``: rotate-half order ``(h_0 .. h_{r/2-1}; h_{r/2} .. h_{r-1})`` -> pairs
+    ``(h_0, h_{r/2}, h_1, h_{r/2+1}, ..)``; otherwise the inverse (megatron-core's MLA RoPE de-interleave).
+    """
+    if rope % 2 or block < rope or rows % block:
+        raise ValueError(f"rotary rows: {rows} rows in blocks of {block} ending in {rope} rotary rows")
+    half = rope // 2
+    pairs = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).reshape(-1)
+    within = pairs if interleave else torch.argsort(pairs)
+    one = torch.cat([torch.arange(block - rope), block - rope + within])
+    return (torch.arange(rows // block).view(-1, 1) * block + one).reshape(-1)
+
+
+def rope_rows_to_megatron(t: torch.Tensor, block: int, rope: int) -> torch.Tensor:
+    """HF rotate-half rotary rows -> the interleaved pairs megatron-core's MLA RoPE de-interleaves."""
+    return t.index_select(0, _rope_order(t.shape[0], block, rope, interleave=True))
+
+
+def rope_rows_to_hf(t: torch.Tensor, block: int, rope: int) -> torch.Tensor:
+    """Inverse of :func:`rope_rows_to_megatron`."""
+    return t.index_select(0, _rope_order(t.shape[0], block, rope, interleave=False))
+
+
+def rope_block(rope_rows: str, spec, rows: int) -> tuple[int, int] | None:
+    """``(block, rotary rows)`` of an MLA weight whose HF rows need the rotary reorder for ``spec``
+    (None when the checkpoint already keeps megatron's interleaved pairs, or the entry has no rotary rows).
+    ``spec`` is an ``ArchSpec``; ``rows`` the full tensor's row count (a ``"tail"`` block is all of it)."""
+    if not rope_rows or spec.mla_rope_interleave:
+        return None
+    block = spec.qk_head_dim + spec.qk_pos_emb_head_dim if rope_rows == "per_head" else rows
+    return block, spec.qk_pos_emb_head_dim

@@ -124,7 +124,9 @@ def validate_hf_folder(folder: str | Path, spec: ArchSpec) -> None:
         if info["dtype"] not in FLOAT_DTYPES:
             raise InputError(f"{where[name]}: tensor {name!r} has dtype {info['dtype']}; accepted: "
                              f"{sorted(FLOAT_DTYPES)}")
-    extra = sorted(set(meta) - set(expected))
+    from megatron_maspo.conversion.passthrough import passthrough_keys
+
+    extra = sorted(set(meta) - set(expected) - set(passthrough_keys(spec, meta)))  # MTP layers: kept by name
     if extra:
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
         raise InputError(f"{where[extra[0]]}: unexpected tensor {extra[0]!r}{more} for the {spec.family} "

@@ -34,10 +34,15 @@ def megatron_logits(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Paral
     model.eval()
     param = next(model.parameters())
     tokens = tokens.to(param.device)  # callers build token ids on the CPU
-    b, s = tokens.shape
+    b, n = tokens.shape
+    sp = groups.tp if model.config.sequence_parallel else 1
+    # sequence parallelism splits the sequence over TP: pad on the right (causal: the first n positions
+    # do not see the padding) and drop the padded positions' logits
+    tokens = torch.nn.functional.pad(tokens, (0, -n % sp))
+    s = tokens.shape[1]
     pos = torch.arange(s, device=param.device).expand(b, s)
     if not groups.is_first_stage:
-        hidden = torch.empty(s, b, spec.hidden_size, dtype=param.dtype, device=param.device)
+        hidden = torch.empty(s // sp, b, spec.hidden_size, dtype=param.dtype, device=param.device)
         comm.recv(hidden, src=dist.get_global_rank(groups.pp_group, groups.pp_rank - 1),
                   group=groups.pp_group)
         model.set_input_tensor(hidden)
@@ -48,7 +53,7 @@ def megatron_logits(chunks: list[torch.nn.Module], spec: ArchSpec, groups: Paral
         return None
     if groups.tp > 1:  # vocab-parallel [b, s, Vp/t] -> [b, s, Vp]
         out = torch.cat(comm.all_gather(out, group=groups.tp_group), dim=-1)
-    return out[..., : spec.vocab_size].float()
+    return out[:, :n, : spec.vocab_size].float()
 
 
 @torch.no_grad()

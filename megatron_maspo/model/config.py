@@ -52,11 +52,13 @@ class ModelConfig:
     moe_z_loss_coeff: float = 0.0
     """Router z-loss weight (ST-MoE; 1e-3 is a usual start); 0 disables it."""
     moe_expert_bias: bool = False
-    """Aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for top-k selection
-    only, nudged toward balance after every step. Megatron requires a sigmoid score function, which
-    the supported families (Qwen3-MoE: softmax) do not have: refused for them."""
+    """Update the router's score-correction bias during training with the aux-loss-free rule of
+    DeepSeek-V3 (``b_i += rate * sign(mean load - load_i)`` after every step). False (default) keeps
+    the bias the checkpoint has, frozen, as NeMo-RL's and verl's Megatron RL recipes do
+    (``moe_router_bias_update_rate=0``). Only models with a correction bias (sigmoid routers:
+    DeepSeek-V3, GLM-4.5) accept True."""
     moe_expert_bias_update_rate: float = 1e-3
-    """Step of the expert-bias update (``moe_expert_bias`` only)."""
+    """Step of the correction-bias update (``moe_expert_bias=True`` only); DeepSeek-V3 pre-training: 1e-3."""
     moe_router_fp32: bool = True
     """Keep the router weights and logits in fp32 when the model trains in bf16 (top-k ties and
     near-ties then match an fp32 engine far more often)."""

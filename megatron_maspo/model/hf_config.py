@@ -74,8 +74,10 @@ def arch_spec_from_hf(config: Any) -> ArchSpec:
     fields = family.from_hf(cfg, d)
     if family.qkv_bias == "always":  # e.g. Qwen2: q/k/v biases with no config key
         fields["add_qkv_bias"] = True
-    return ArchSpec(family=family.name, qk_layernorm=family.qk_norm,
-                    extra={k: d[k] for k in TOKEN_ID_KEYS if d.get(k) is not None}, **fields)
+    if family.qk_norm != "config":
+        fields["qk_layernorm"] = bool(family.qk_norm)
+    extra = {k: d[k] for k in TOKEN_ID_KEYS if d.get(k) is not None} | fields.pop("extra", {})
+    return ArchSpec(family=family.name, extra=extra, **fields)
 
 
 def hf_config_dict(spec: ArchSpec) -> dict:
@@ -92,7 +94,7 @@ def hf_config_dict(spec: ArchSpec) -> dict:
     name = f"ArchSpec(family={spec.family!r})"
     if family.qkv_bias == "always" and not spec.add_qkv_bias:
         raise ValueError(f"{name}.add_qkv_bias=False: HF {family.display_name} always has QKV biases")
-    if family.qk_norm and not spec.qk_layernorm:
+    if family.qk_norm is True and not spec.qk_layernorm:
         raise ValueError(f"{name}.qk_layernorm=False: HF {family.display_name} always has q/k norms")
     if not family.qk_norm and spec.qk_layernorm:
         raise ValueError(f"{name}.qk_layernorm=True has no HF equivalent")

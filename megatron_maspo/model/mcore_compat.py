@@ -12,6 +12,14 @@ Entries:
   as a deprecated keyword that warns) and ``apply_rotary_pos_emb`` passes only the new name to the thd
   function. :func:`rope_mla_kwargs` spells the flag for the installed version; :func:`pop_rope_mla_flag`
   reads it from a call made with either spelling.
+- **Core attention's key/value widths.** Multi-latent attention builds its core attention with
+  ``k_channels=`` and ``v_channels=`` (key head 192 vs value head 128 in DeepSeek-V3). The local
+  ``DotProductAttention`` of 0.16.1 takes neither; :func:`core_attention_channel_kwargs` passes them only
+  to a version whose constructor names them.
+- **MLA without Transformer Engine.** 0.16.1's ``multi_latent_attention.py`` sets its ``HAVE_TE`` when
+  ``extensions.transformer_engine`` imports, which it does without TE (it puts a ``MagicMock`` in TE's
+  place), then calls ``isinstance(linear_proj, TELinear)`` with that mock: every MLA build fails.
+  :func:`mla_without_te` makes the module see what ``extensions.transformer_engine`` itself knows.
 - **How a pickled tensor names its storage loader.** ``import megatron.core`` on 0.19 rebinds
   ``torch.storage._load_from_bytes`` (a ``weights_only=False`` load) to
   ``megatron.core.safe_globals.safe_load_from_bytes`` (a ``weights_only=True`` one), so every tensor pickled
@@ -63,6 +71,26 @@ def pop_rope_mla_flag(kwargs: dict[str, Any], default: bool = False) -> bool:
     if old is not None:
         flag = old
     return bool(flag)
+
+
+def core_attention_channel_kwargs(cls: type, k_channels: int | None,
+                                  v_channels: int | None) -> dict[str, int | None]:
+    """``{"k_channels": .., "v_channels": ..}`` when ``cls.__init__`` takes them, else ``{}`` (0.16.1's
+    ``DotProductAttention``: the caller then handles the widths itself)."""
+    params = inspect.signature(cls.__init__).parameters
+    if "k_channels" in params and "v_channels" in params:
+        return {"k_channels": k_channels, "v_channels": v_channels}
+    return {}
+
+
+def mla_without_te() -> None:
+    """Align ``multi_latent_attention.HAVE_TE`` with whether Transformer Engine really imported
+    (idempotent; a no-op where TE is installed or the module has no such flag)."""
+    from megatron.core.extensions import transformer_engine as te_ext
+    from megatron.core.transformer import multi_latent_attention as mla
+
+    if hasattr(mla, "HAVE_TE") and not getattr(te_ext, "HAVE_TE", True):
+        mla.HAVE_TE = False
 
 
 #: torch's own loader of a pickled storage (what every megatron-core version's pickles may name).

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
+from megatron_maspo.model.moe_router import router_transformer_kwargs
 from megatron_maspo.rollout import engines
 
 if TYPE_CHECKING:
@@ -46,10 +47,6 @@ def validate_moe_fields(m: Any) -> None:
     if m.moe_aux_loss_coeff > 0 and m.moe_load_balancing == "none":
         raise ValueError(f"model.moe_aux_loss_coeff={m.moe_aux_loss_coeff} needs model.moe_load_balancing "
                          "'aux_loss' or 'seq_aux_loss' (it is 'none')")
-    if m.moe_expert_bias:
-        raise ValueError("model.moe_expert_bias=True (aux-loss-free balancing) needs a sigmoid router "
-                         "score function in megatron-core 0.16.1; the supported MoE family (qwen3_moe) "
-                         "routes with softmax, so it is not available")
 
 
 def flex_available() -> bool:
@@ -63,7 +60,8 @@ def moe_build_options(m: Any) -> dict:
     """``ModelBuildOptions`` fields for ``ModelConfig`` ``m`` (dense models ignore them)."""
     return dict(moe_dispatcher=m.moe_dispatcher, moe_load_balancing=m.moe_load_balancing,
                 moe_aux_loss_coeff=m.moe_aux_loss_coeff, moe_z_loss_coeff=m.moe_z_loss_coeff,
-                moe_router_fp32=m.moe_router_fp32, routing_replay=m.routing_replay != "off")
+                moe_router_fp32=m.moe_router_fp32, routing_replay=m.routing_replay != "off",
+                moe_expert_bias_update=m.moe_expert_bias, moe_expert_bias_update_rate=m.moe_expert_bias_update_rate)
 
 
 def moe_transformer_kwargs(spec: Any, opts: Any, *, grouped_gemm: bool = False) -> dict:
@@ -82,13 +80,13 @@ def moe_transformer_kwargs(spec: Any, opts: Any, *, grouped_gemm: bool = False) 
         num_moe_experts=spec.num_moe_experts,
         moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
         moe_router_topk=spec.moe_router_topk,
-        moe_router_pre_softmax=not spec.moe_norm_topk_prob,
+        **router_transformer_kwargs(spec, update_expert_bias=opts.moe_expert_bias_update,
+                                    expert_bias_update_rate=opts.moe_expert_bias_update_rate),
         moe_router_load_balancing_type=opts.moe_load_balancing,
         moe_aux_loss_coeff=opts.moe_aux_loss_coeff,
         moe_z_loss_coeff=opts.moe_z_loss_coeff or None,
         moe_token_dispatcher_type=opts.moe_dispatcher,
         moe_grouped_gemm=grouped_gemm,
-        moe_shared_expert_intermediate_size=spec.moe_shared_expert_intermediate_size,
         moe_enable_routing_replay=opts.routing_replay,
         # Experts are never split over TP (Megatron's default expert-TP = TP): HF<->Megatron conversion
         # and weight sync shard experts over EP only (conversion/hf_to_megatron.py).
@@ -156,13 +154,17 @@ def check_model_layout(model: Any, parallel: Any, spec: Any) -> None:
         ConfigError: naming the ``parallel.*`` / ``model.*`` keys and the constraint.
     """
     from megatron_maspo.errors import ConfigError
+    from megatron_maspo.parallel.config import sequence_parallel_on
 
     p = parallel
-    sp = model.attention_backend == "te" and p.tp > 1
+    sp = sequence_parallel_on(p.sequence_parallel, model.attention_backend, p.tp, spec.is_moe)
     try:
         spec.validate_layout(p.tp, p.pp, p.ep, p.vpp, sequence_parallel=sp)
     except ValueError as e:
         raise ConfigError(f"parallel.tp={p.tp} parallel.pp={p.pp} parallel.ep={p.ep}: {e}") from None
+    if model.moe_expert_bias and not (spec.is_moe and spec.moe_router_expert_bias):
+        raise ConfigError(f"model.moe_expert_bias=True (update the router's correction bias) needs a model "
+                          f"with one (DeepSeek-V3 / GLM-4.5 sigmoid routers); {spec.family} has none")
     if model.routing_replay != "off" and not spec.is_moe:
         raise ConfigError(f"model.routing_replay={model.routing_replay!r} needs an MoE model "
                           f"({spec.family} is dense)")

@@ -70,7 +70,8 @@ class PackedSDPAttention(MegatronModule):
 
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
                  attention_type: str, attention_dropout: float | None = None,
-                 softmax_scale: float | None = None, cp_comm_type: str | None = None,
+                 softmax_scale: float | None = None, k_channels: int | None = None,
+                 v_channels: int | None = None, cp_comm_type: str | None = None,
                  pg_collection: Any = None) -> None:
         super().__init__(config=config)
         if config.window_size is not None:
@@ -97,7 +98,9 @@ class PackedSDPAttention(MegatronModule):
         self.attention_type = attention_type
         self.num_heads = divide(config.num_attention_heads, tp)
         self.num_groups = divide(config.num_query_groups, tp)
-        head_dim = config.kv_channels or config.hidden_size // config.num_attention_heads
+        # MLA passes its key head width (nope + rotary dims) and its own softmax scale; the value width
+        # v_channels needs nothing here (SDPA takes value heads of any width, the output has it)
+        head_dim = k_channels or config.kv_channels or config.hidden_size // config.num_attention_heads
         self.softmax_scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
 
@@ -110,7 +113,7 @@ class PackedSDPAttention(MegatronModule):
         def run() -> torch.Tensor:
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal and mask is None,
-                scale=self.softmax_scale, enable_gqa=self.num_heads != self.num_groups)
+                scale=self.softmax_scale, enable_gqa=q.shape[-3] != k.shape[-3])
 
         if p > 0.0 and not self.config.sequence_parallel:
             # the same RNG stream Megatron's DotProductAttention drops attention probs with
@@ -163,18 +166,21 @@ class PackedSDPAttention(MegatronModule):
         if loc[0] != 0 or loc[-1] != q.shape[0]:
             raise ValueError(f"cu_seqlens (global, ÷cp={cp}) must run from 0 to the local packed "
                              f"length {q.shape[0]}, got {loc[0]}..{loc[-1]}")
-        n_g = k.shape[1]
-        kv = gather_cp(torch.cat([k, v], dim=1), self.cp_group)  # [S, 2·n_g, d], rank order
-        kv = kv.index_select(0, cp_gather_order(bounds, cp).to(kv.device))  # global order
+        order = cp_gather_order(bounds, cp).to(k.device)
+        if k.shape[-1] == v.shape[-1]:  # one gather of [S, 2·n_g, d], rank order -> global order
+            kv = gather_cp(torch.cat([k, v], dim=1), self.cp_group).index_select(0, order)
+            k_all, v_all = kv[:, :k.shape[1]], kv[:, k.shape[1]:]
+        else:  # MLA: key and value heads differ in width, gathered apart
+            k_all, v_all = (gather_cp(x.contiguous(), self.cp_group).index_select(0, order) for x in (k, v))
         outs = []
         for a, b, la in zip(bounds[:-1], bounds[1:], loc[:-1]):
             if b <= a:
                 continue
             c = (b - a) // (2 * cp)
-            kv_seq = kv[a:b].transpose(0, 1).unsqueeze(0)  # [1, 2·n_g, L, d]
+            k_seq, v_seq = (x[a:b].transpose(0, 1).unsqueeze(0) for x in (k_all, v_all))  # [1, n_g, L, d]
             for half, j in enumerate((r, 2 * cp - 1 - r)):
                 qs = q[la + half * c:la + (half + 1) * c].transpose(0, 1).unsqueeze(0)
-                ks, vs = kv_seq[:, :n_g, :(j + 1) * c], kv_seq[:, n_g:, :(j + 1) * c]
+                ks, vs = k_seq[:, :, :(j + 1) * c], v_seq[:, :, :(j + 1) * c]
                 outs.append(self._lower_right(qs, ks, vs)[0].transpose(0, 1))
         return torch.cat(outs, dim=0) if len(outs) > 1 else outs[0].contiguous()
 

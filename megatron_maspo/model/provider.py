@@ -56,7 +56,9 @@ class ModelBuildOptions:
     """Core attention of the local spec: ``"packed_sdpa"``, ``"dense_mask"`` or ``"varlen"`` (one varlen flash
     call per layer, GPU only); ``"te"`` = TE spec (its thd attention)."""
     sequence_parallel: bool = False
-    """Megatron sequence parallelism (TE spec with TP > 1 only: the local spec's torch norms refuse it)."""
+    """Megatron sequence parallelism (TP > 1 only): activations outside attention/MLP split along the
+    sequence over TP. The TE spec's norms support it; the local spec gets SP-aware torch norms
+    (``model/sp_norm.py``). MoE needs it at TP > 1 (``parallel.config.sequence_parallel_on``)."""
     calculate_per_token_loss: bool = True
     """Megatron's exact global token-mean path (loss-formulas.md §2.2)."""
     use_cpu_initialization: bool = True
@@ -73,6 +75,10 @@ class ModelBuildOptions:
     """With ``bf16``: router weights stay fp32 and logits are computed in fp32."""
     routing_replay: bool = False
     """Build Megatron's ``RouterReplay`` into every router (``moe_enable_routing_replay``)."""
+    moe_expert_bias_update: bool = False
+    """Update the router's correction bias after each step (aux-loss-free rule); False = frozen."""
+    moe_expert_bias_update_rate: float = 1e-3
+    """Step of that update (``moe_router_bias_update_rate``)."""
 
 
 def attention_options(backend: str, tp: int) -> dict:
@@ -213,6 +219,12 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
         kw.update(recompute_granularity="selective")
     elif opts.recompute is not None:
         raise ValueError(f"recompute={opts.recompute!r}; accepted: None, 'selective', 'full'")
+    if spec.is_mla:
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        from megatron_maspo.model.mla import mla_transformer_kwargs
+
+        return MLATransformerConfig(**kw, **mla_transformer_kwargs(spec))
     return TransformerConfig(**kw)
 
 
@@ -225,36 +237,102 @@ def layer_spec(spec: ArchSpec, opts: ModelBuildOptions):
         from megatron_maspo.model.te_spec import te_layer_spec
 
         return te_layer_spec(spec, grouped_gemm=moe_grouped_gemm(opts))
-    if opts.sequence_parallel:
-        raise ValueError("sequence_parallel needs the Transformer Engine spec (attention_backend='te')")
+    if spec.is_mla:
+        from megatron_maspo.model.mla import mla_layer_spec
+
+        lspec = mla_layer_spec(spec, grouped_gemm=moe_grouped_gemm(opts), core_attention=_core_attention(opts))
+        if opts.sequence_parallel:  # the latent norms too: they see this rank's sequence chunk
+            _use_sequence_parallel_norms(lspec)
+        return lspec
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     lspec = get_gpt_layer_local_spec(num_experts=spec.num_moe_experts, moe_grouped_gemm=moe_grouped_gemm(opts),
                                      qk_layernorm=spec.qk_layernorm, normalization="RMSNorm")
-    if opts.attention_backend == "packed_sdpa":
-        from megatron_maspo.model.packed_attention import PackedSDPAttention
-
+    if opts.sequence_parallel:  # torch norms whose weights finalize_model_grads sums over TP (model/sp_norm.py)
+        _use_sequence_parallel_norms(lspec)
+    core = _core_attention(opts)  # varlen: one flash call per layer (GPU; model/varlen_attention.py)
+    if core is not None:
         attention: Any = lspec.submodules.self_attention  # type: ignore[attr-defined]
-        attention.submodules.core_attention = PackedSDPAttention
-    elif opts.attention_backend == "varlen":  # one varlen flash call per layer (GPU; model/varlen_attention.py)
-        from megatron_maspo.model.varlen_attention import VarlenAttention
-
-        attention = lspec.submodules.self_attention  # type: ignore[attr-defined]
-        attention.submodules.core_attention = VarlenAttention
+        attention.submodules.core_attention = core
     return lspec
 
 
-def _block_spec(spec: ArchSpec, opts: ModelBuildOptions, tcfg: Any, lspec: Any, vp_stage: int | None,
-                pp_rank: int) -> Any:
-    """``lspec`` itself, or per-layer specs for hybrid / zero-centred-norm models (``model/hybrid_spec.py``)."""
-    from megatron_maspo.model.hybrid_spec import hybrid_block_spec, needs_block_spec
+def _core_attention(opts: ModelBuildOptions) -> type | None:
+    """The local spec's core attention class for ``opts.attention_backend`` (None: Megatron's own)."""
+    if opts.attention_backend == "packed_sdpa":
+        from megatron_maspo.model.packed_attention import PackedSDPAttention
 
-    if not needs_block_spec(spec):
+        return PackedSDPAttention
+    if opts.attention_backend == "varlen":
+        from megatron_maspo.model.varlen_attention import VarlenAttention
+
+        return VarlenAttention
+    return None
+
+
+def _use_sequence_parallel_norms(lspec: Any) -> None:
+    """Swap the local spec's norm builders (``WrappedTorchNorm``, which refuses SP) for
+    :class:`~megatron_maspo.model.sp_norm.SequenceParallelTorchNorm` in place."""
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    from megatron_maspo.model.sp_norm import SequenceParallelTorchNorm
+
+    subs = lspec.submodules
+    for owner, name in ((subs, "input_layernorm"), (subs, "pre_mlp_layernorm"),
+                        (subs.self_attention.submodules, "q_layernorm"),
+                        (subs.self_attention.submodules, "k_layernorm"),
+                        (subs.self_attention.submodules, "kv_layernorm")):  # MLA's latent norms
+        if getattr(owner, name, IdentityOp) not in (IdentityOp, None):
+            setattr(owner, name, SequenceParallelTorchNorm)
+
+
+def block_spec(spec: ArchSpec, opts: ModelBuildOptions, tcfg: Any, *, pp_rank: int, vp_stage: int | None):
+    """The decoder spec of one model chunk: one layer spec for every layer, or, with dense first layers
+    (``spec.moe_first_k_dense``), a ``TransformerBlockSubmodules`` holding this chunk's slice of
+    ``[dense] * k + [moe] * (L - k)`` (Megatron's ``moe_layer_freq`` list; its own block-spec builder
+    does not take our core-attention choice, so the slice is cut here with the same offset helpers)."""
+    from megatron_maspo.model.hybrid_spec import needs_block_spec
+
+    if needs_block_spec(spec):
+        return _hybrid_block_spec(spec, opts, tcfg, pp_rank=pp_rank, vp_stage=vp_stage)
+    lspec = layer_spec(spec, opts)
+    local_sp = opts.sequence_parallel and not uses_te(opts)  # the final norm must be the SP one too
+    if not local_sp and not (spec.is_moe and spec.moe_first_k_dense):
         return lspec
+    from megatron.core.transformer.transformer_block import (
+        LayerNormImpl,
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    final_norm: Any = LayerNormImpl
+    if local_sp:
+        from megatron_maspo.model.sp_norm import SequenceParallelTorchNorm
+
+        final_norm = SequenceParallelTorchNorm
+
+    dense = layer_spec(dataclasses.replace(spec, num_moe_experts=None, moe_first_k_dense=0), opts) \
+        if spec.is_moe and spec.moe_first_k_dense else lspec
+    specs = [lspec if spec.is_moe_layer(i) or not spec.is_moe else dense for i in range(spec.num_layers)]
+    offset = get_transformer_layer_offset(tcfg, vp_stage=vp_stage, pp_rank=pp_rank)
+    n = get_num_layers_to_build(tcfg, vp_stage=vp_stage, pp_rank=pp_rank)
+    return TransformerBlockSubmodules(layer_specs=specs[offset:offset + n], layer_norm=final_norm)
+
+
+def _hybrid_block_spec(spec: ArchSpec, opts: ModelBuildOptions, tcfg: Any, *, pp_rank: int,
+                       vp_stage: int | None) -> Any:
+    """Per-layer specs for hybrid / zero-centred-norm models (``model/hybrid_spec.py``)."""
+    from megatron_maspo.model.hybrid_spec import hybrid_block_spec
+
     if uses_te(opts):
         raise ValueError(f"ArchSpec(family={spec.family!r}) (linear attention / zero-centred norms) builds on "
                          "the local spec only: use model.attention_backend='packed_sdpa' or 'dense_mask'")
-    return hybrid_block_spec(spec, tcfg, lspec, vp_stage=vp_stage, pp_rank=pp_rank)
+    if opts.sequence_parallel or (spec.is_moe and spec.moe_first_k_dense):
+        raise ValueError(f"ArchSpec(family={spec.family!r}): sequence parallelism (on by default for MoE at TP > 1) "
+                         "and dense first layers are not supported with linear attention / zero-centred norms "
+                         "yet: use TP 1 with EP for the MoE models")
+    return hybrid_block_spec(spec, tcfg, layer_spec(spec, opts), vp_stage=vp_stage, pp_rank=pp_rank)
 
 
 def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int) -> list:
@@ -271,7 +349,6 @@ def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int)
     from megatron.core.models.gpt import GPTModel
 
     tcfg = build_transformer_config(spec, opts)
-    lspec = layer_spec(spec, opts)
     vocab = padded_vocab_size(spec, opts)
     chunks = []
     n_vp = opts.vpp or 1
@@ -280,7 +357,7 @@ def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int)
         post = pp_rank == opts.pp - 1 and vp == n_vp - 1
         model = GPTModel(
             config=tcfg,
-            transformer_layer_spec=_block_spec(spec, opts, tcfg, lspec, vp if opts.vpp else None, pp_rank),
+            transformer_layer_spec=block_spec(spec, opts, tcfg, pp_rank=pp_rank, vp_stage=vp if opts.vpp else None),
             vocab_size=vocab,
             max_sequence_length=spec.max_position_embeddings,
             pre_process=pre,

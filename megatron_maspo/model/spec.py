@@ -40,8 +40,21 @@ class ArchSpec:
     rotary_base: float = 10000.0
     rotary_percent: float = 1.0
     rope_scaling: str | None = None
-    """None, ``"llama3"`` (megatron hard-codes low=1, high=4, original=8192) or ``"linear"``."""
+    """None, ``"llama3"`` (megatron hard-codes low=1, high=4, original=8192), ``"linear"`` or ``"yarn"``
+    (multi-latent attention only: megatron-core applies YaRN inside ``MLASelfAttention``)."""
     rope_scaling_factor: float = 1.0
+    yarn_original_max_position_embeddings: int | None = None
+    """YaRN: the pre-training context (HF ``rope_parameters["original_max_position_embeddings"]``)."""
+    yarn_beta_fast: float = 32.0
+    """YaRN β_fast (rotations above which a dimension is extrapolated); paper and DeepSeek-V3: 32."""
+    yarn_beta_slow: float = 1.0
+    """YaRN β_slow (rotations below which a dimension is interpolated); paper and DeepSeek-V3: 1."""
+    yarn_mscale: float = 1.0
+    """YaRN ``mscale``: cos/sin are multiplied by ``m(s, mscale) / m(s, mscale_all_dim)`` with
+    ``m(s, a) = 0.1·a·ln s + 1`` (``s`` = ``rope_scaling_factor``); DeepSeek-V3: 1.0."""
+    yarn_mscale_all_dim: float = 0.0
+    """YaRN ``mscale_all_dim``: the softmax scale is ``m(s, mscale_all_dim)² / sqrt(d_qk)``; 0 leaves it
+    at ``1/sqrt(d_qk)``. DeepSeek-V3: 1.0."""
     layernorm_epsilon: float = 1e-6
     add_qkv_bias: bool = False
     qk_layernorm: bool = False
@@ -51,8 +64,38 @@ class ArchSpec:
     moe_router_topk: int = 2
     moe_norm_topk_prob: bool = True
     moe_shared_expert_intermediate_size: int | None = None
+    """Width of the always-on shared expert(s) (HF ``moe_intermediate_size * n_shared_experts``)."""
     moe_shared_expert_gate: bool = False
-    """The shared expert's output is scaled by ``sigmoid(x · w_gate)`` (Qwen2/3.5-MoE ``shared_expert_gate``)."""
+    """The shared expert's output is scaled by a sigmoid gate ``[1, H]`` (Qwen2-MoE; not DeepSeek/GLM)."""
+    moe_router_score_function: str = "softmax"
+    """``"softmax"`` (Qwen3-MoE) or ``"sigmoid"`` (DeepSeek-V3, GLM-4.5): s_i = sigmoid(h . w_i)."""
+    moe_router_expert_bias: bool = False
+    """The router holds an fp32 score-correction bias b (HF ``e_score_correction_bias``) added to the
+    scores for top-k selection only: experts = topk(s + b), gate weights from s (DeepSeek-V3 §2.1.2)."""
+    moe_router_num_groups: int | None = None
+    """Group-limited routing (HF ``n_group``): experts split into this many equal groups; None = off."""
+    moe_router_group_topk: int | None = None
+    """Groups kept per token (HF ``topk_group``); each group is scored by its top-(topk / group_topk) scores."""
+    moe_router_topk_scaling_factor: float | None = None
+    """Routed gate weights multiplied by this (HF ``routed_scaling_factor``); None = 1."""
+    moe_first_k_dense: int = 0
+    """The first k layers have a dense MLP of ``ffn_hidden_size`` instead of experts (HF
+    ``first_k_dense_replace``); Megatron's ``moe_layer_freq = [0]*k + [1]*(L-k)``."""
+    kv_lora_rank: int | None = None
+    """Multi-latent attention (DeepSeek-V2/V3, HF ``kv_lora_rank``): rank of the compressed KV latent
+    ``c_kv`` that K and V are expanded from; None = standard attention (every other MLA field unused).
+    With MLA, ``kv_channels`` is the value head dim and ``num_query_groups`` equals the heads."""
+    q_lora_rank: int | None = None
+    """MLA: rank of the query's low-rank projection (HF ``q_lora_rank``: ``q_a_proj`` -> RMSNorm ->
+    ``q_b_proj``); None = one full ``q_proj`` (DeepSeek-V2-Lite)."""
+    qk_head_dim: int = 0
+    """MLA: per-head query/key dims without rotary (HF ``qk_nope_head_dim``; DeepSeek-V3: 128)."""
+    qk_pos_emb_head_dim: int = 0
+    """MLA: per-head rotary dims, the key's shared by all heads (HF ``qk_rope_head_dim``; 64)."""
+    mla_rope_interleave: bool = True
+    """MLA: the HF checkpoint lays each head's rotary dims out as interleaved pairs (HF ``rope_interleave``,
+    DeepSeek-V3: True), which is what megatron-core's MLA RoPE de-interleaves; False (rotate-half
+    layout) makes conversion interleave those weight rows on import and undo it on export."""
     layer_types: tuple[str, ...] | None = None
     """Per layer ``"full"`` (softmax attention) or ``"linear"`` (Gated DeltaNet, Qwen3.5); None = all full."""
     linear_attention: dict | None = None
@@ -78,8 +121,14 @@ class ArchSpec:
                 f"ArchSpec.num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_query_groups={self.num_query_groups}"
             )
-        if self.rope_scaling not in (None, "llama3", "linear"):
-            raise ValueError(f"ArchSpec.rope_scaling={self.rope_scaling!r}; accepted: None, 'llama3', 'linear'")
+        if self.rope_scaling not in (None, "llama3", "linear", "yarn"):
+            raise ValueError(f"ArchSpec.rope_scaling={self.rope_scaling!r}; accepted: None, 'llama3', 'linear', "
+                             "'yarn'")
+        if self.is_mla:
+            _check_mla(self)
+        elif self.rope_scaling == "yarn":
+            raise ValueError("ArchSpec.rope_scaling='yarn' is implemented for multi-latent attention only "
+                             "(kv_lora_rank set)")
         if self.is_moe and not self.moe_ffn_hidden_size:
             raise ValueError("ArchSpec.moe_ffn_hidden_size is required when num_moe_experts is set")
         if self.layer_types is not None:
@@ -89,6 +138,10 @@ class ArchSpec:
                                  f"{self.num_layers} layers, got {self.layer_types}")
             if "linear" in self.layer_types and not self.linear_attention:
                 raise ValueError("ArchSpec.linear_attention (GdnDims fields) is required with linear layers")
+        if self.is_moe:
+            from megatron_maspo.model.moe_router import validate_router
+
+            validate_router(self)
 
     @property
     def is_hybrid(self) -> bool:
@@ -99,9 +152,22 @@ class ArchSpec:
         """``"full"`` or ``"linear"`` for global layer ``layer``."""
         return self.layer_types[layer] if self.layer_types else "full"
 
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether global layer ``layer`` (0-based) has routed experts."""
+        return self.is_moe and layer >= self.moe_first_k_dense
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.moe_first_k_dense if self.is_moe else 0
+
     @property
     def is_moe(self) -> bool:
         return bool(self.num_moe_experts)
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-latent attention (``kv_lora_rank`` set)."""
+        return self.kv_lora_rank is not None
 
     def padded_vocab_size(self, tp: int, divisible_by: int = 128) -> int:
         """Vocabulary rows in Megatron's embedding: V rounded up to a multiple of ``divisible_by*tp``."""
@@ -112,21 +178,29 @@ class ArchSpec:
         """Parameter count of the HF model (unpadded vocab, embeddings counted once if tied)."""
         h, nh, g, d = self.hidden_size, self.num_attention_heads, self.num_query_groups, self.kv_channels
         attn = h * nh * d + 2 * h * g * d + nh * d * h
-        if self.add_qkv_bias:
+        if self.is_mla:
+            attn = mla_attention_parameters(self)
+        elif self.add_qkv_bias:
             attn += nh * d + 2 * g * d
         if self.qk_layernorm:
             attn += 2 * d
+        dense_mlp = 3 * h * self.ffn_hidden_size
+        moe_mlp = 0
         if self.is_moe:
             assert self.num_moe_experts and self.moe_ffn_hidden_size
-            mlp = self.num_moe_experts * 3 * h * self.moe_ffn_hidden_size + h * self.num_moe_experts
+            e = self.num_moe_experts
+            moe_mlp = e * 3 * h * self.moe_ffn_hidden_size + h * e + (e if self.moe_router_expert_bias else 0)
             if self.moe_shared_expert_intermediate_size:
-                mlp += 3 * h * self.moe_shared_expert_intermediate_size + h
-        else:
-            mlp = 3 * h * self.ffn_hidden_size
+                moe_mlp += 3 * h * self.moe_shared_expert_intermediate_size
+                moe_mlp += h if self.moe_shared_expert_gate else 0
         if self.attention_output_gate:
             attn += h * nh * d
+        n_moe = self.num_moe_layers
         n_linear = sum(1 for k in (self.layer_types or ()) if k == "linear")
-        total = (self.num_layers - n_linear) * (attn + mlp + 2 * h) + n_linear * (mlp + 2 * h)
+        # every layer: its MLP (dense, or routed experts from moe_first_k_dense on) and two norms; full
+        # attention layers add attention, linear (Gated DeltaNet) layers their mixer
+        total = ((self.num_layers - n_moe) * dense_mlp + n_moe * moe_mlp + self.num_layers * 2 * h
+                 + (self.num_layers - n_linear) * attn)
         if n_linear:
             from megatron_maspo.model.gdn_dims import GdnDims
 
@@ -158,6 +232,14 @@ class ArchSpec:
             from megatron_maspo.model.gdn_dims import GdnDims
 
             GdnDims(**self.linear_attention).check_tp(tp)  # type: ignore[arg-type]
+        if self.is_mla:
+            for name in ("q_lora_rank", "kv_lora_rank"):
+                # column-parallel down projections, gathered after the matmul (MLASelfAttention)
+                rank = getattr(self, name) or 0
+                rows = rank + (self.qk_pos_emb_head_dim if name == "kv_lora_rank" else 0)
+                if rows % tp:
+                    raise ValueError(f"{name}={rank} (+ rotary dims for kv) gives {rows} rows of the MLA "
+                                     f"down projection, not divisible by tensor_model_parallel_size={tp}")
         if self.ffn_hidden_size % tp:
             raise ValueError(f"ffn_hidden_size={self.ffn_hidden_size} is not divisible by tp={tp}")
         if self.is_moe:
@@ -167,11 +249,42 @@ class ArchSpec:
                                  f"expert_model_parallel_size={ep}")
             if tp > 1 and not sequence_parallel:
                 raise ValueError("MoE with tensor_model_parallel_size > 1 needs sequence parallelism "
-                                 "(Megatron refuses MoE+TP training without it), which only the Transformer "
-                                 "Engine spec provides (model.attention_backend='te', GPU); the local spec "
-                                 "(CPU) runs MoE at TP=1 with EP")
+                                 "(Megatron refuses MoE+TP training without it): leave "
+                                 "parallel.sequence_parallel unset (on for MoE at TP > 1) or set it True")
         elif ep != 1:
             raise ValueError(f"expert_model_parallel_size={ep} given for a dense model")
+
+
+def _check_mla(spec: ArchSpec) -> None:
+    """The MLA fields of ``spec`` are complete and consistent (``ValueError`` naming the field)."""
+    for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim"):
+        if (getattr(spec, name) or 0) <= 0:
+            raise ValueError(f"ArchSpec.{name} must be > 0 with multi-latent attention, got {getattr(spec, name)}")
+    if spec.q_lora_rank is not None and spec.q_lora_rank <= 0:
+        raise ValueError(f"ArchSpec.q_lora_rank must be > 0 or None, got {spec.q_lora_rank}")
+    if spec.qk_pos_emb_head_dim % 2:
+        raise ValueError(f"ArchSpec.qk_pos_emb_head_dim={spec.qk_pos_emb_head_dim} must be even (rotary pairs)")
+    if spec.num_query_groups != spec.num_attention_heads:
+        raise ValueError("multi-latent attention expands one key/value per head: num_query_groups="
+                         f"{spec.num_query_groups} must equal num_attention_heads={spec.num_attention_heads}")
+    if spec.rope_scaling not in (None, "yarn"):
+        raise ValueError(f"ArchSpec.rope_scaling={spec.rope_scaling!r} with multi-latent attention; accepted: "
+                         "None, 'yarn' (megatron-core's MLA has no llama3/linear scaling)")
+    if spec.rope_scaling == "yarn" and not spec.yarn_original_max_position_embeddings:
+        raise ValueError("ArchSpec.yarn_original_max_position_embeddings is required with rope_scaling='yarn'")
+    if spec.qk_layernorm or spec.add_qkv_bias or spec.rotary_percent != 1.0:
+        raise ValueError("multi-latent attention has no q/k norms, QKV bias or partial rotary "
+                         "(qk_layernorm, add_qkv_bias, rotary_percent)")
+
+
+def mla_attention_parameters(spec: ArchSpec) -> int:
+    """Parameters of one MLA block: q (low-rank + norm, or full), KV down (+ rotary key) + norm, KV up, out."""
+    h, nh = spec.hidden_size, spec.num_attention_heads
+    qk = spec.qk_head_dim + spec.qk_pos_emb_head_dim
+    kv = spec.kv_lora_rank or 0
+    q = h * nh * qk if spec.q_lora_rank is None else spec.q_lora_rank * (h + 1 + nh * qk)
+    return q + h * (kv + spec.qk_pos_emb_head_dim) + kv + kv * nh * (spec.qk_head_dim + spec.kv_channels) \
+        + nh * spec.kv_channels * h
 
 
 def tiny_qwen2_spec(vocab_size: int = 384, *, num_layers: int = 2, hidden_size: int = 64,

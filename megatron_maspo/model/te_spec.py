@@ -54,7 +54,7 @@ def te_layer_spec(spec: ArchSpec, *, grouped_gemm: bool):
 
     return get_gpt_layer_with_transformer_engine_spec(
         num_experts=spec.num_moe_experts, moe_grouped_gemm=grouped_gemm and bool(spec.num_moe_experts),
-        qk_layernorm=spec.qk_layernorm)
+        qk_layernorm=spec.qk_layernorm or spec.is_mla, multi_latent_attention=spec.is_mla)
 
 
 def te_import_error() -> str | None:

@@ -4,7 +4,8 @@ Each family declares its tiny config (``model/families/<family>.py``: ``tiny``);
 classes are its first ``model_types`` / ``architectures`` entries.
 
 Every parameter is redrawn from a seeded generator (norm weights around 1, everything else
-N(0, 0.05^2), biases included), so a converter that swaps, drops or zero-fills any tensor changes
+N(0, 0.05^2), biases included; persistent float buffers such as the router's correction bias
+N(0, 0.1^2)), so a converter that swaps, drops or zero-fills any tensor changes
 the logits visibly; transformers' own init leaves norms at exactly 1 and biases at 0, which would
 hide such bugs.
 """
@@ -56,6 +57,10 @@ def make_tiny_hf_model(family: str, out_dir: str | Path | None = None, *, vocab_
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             p.copy_(1.0 + 0.1 * noise if "norm" in name else 0.05 * noise)
+        saved = set(model.state_dict())
+        for name, b in model.named_buffers():  # persistent float state, e.g. the router's correction bias
+            if name in saved and b.is_floating_point():
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen, dtype=torch.float32))
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out_dir)

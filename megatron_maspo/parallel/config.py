@@ -24,6 +24,12 @@ class ParallelConfig:
     cp_comm_type: str = "p2p"
     """Transformer Engine's CP exchange on the TE spec: ``"p2p"`` (ring), ``"all_gather"``, ``"a2a"``
     or ``"a2a+p2p"``. The local spec's ``packed_sdpa`` always all-gathers."""
+    sequence_parallel: bool | None = None
+    """Megatron sequence parallelism at TP > 1: norms, residuals and the MoE dispatch work on ``S/TP``
+    rows per TP rank (reduce-scatter / all-gather around attention and MLP instead of all-reduce).
+    None (default) = on with ``model.attention_backend="te"`` and for MoE models (Megatron refuses
+    MoE x TP without it), off otherwise; True/False force it (False with MoE at TP > 1 is refused).
+    Ignored at TP 1."""
     vpp: int | None = None
     """Virtual pipeline chunks per stage (interleaved schedule); None disables it."""
     distributed_optimizer: bool = False
@@ -53,3 +59,14 @@ class ParallelConfig:
     def dp(self) -> int:
         """Data-parallel size (derived)."""
         return self.world_size // (self.tp * self.pp * self.cp)
+
+
+def sequence_parallel_on(setting: bool | None, backend: str, tp: int, is_moe: bool) -> bool:
+    """Whether a run uses Megatron sequence parallelism: never at TP 1; ``setting``
+    (``parallel.sequence_parallel``) when given; else (None, the default) on with the TE backend (its thd
+    packing expects it) and for MoE models (Megatron refuses MoE x TP without it), off otherwise."""
+    if tp == 1:
+        return False
+    if setting is not None:
+        return setting
+    return backend == "te" or is_moe

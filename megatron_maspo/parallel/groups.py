@@ -135,6 +135,9 @@ def init_parallel(
         pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vpp,
         expert_model_parallel_size=ep,
+        # Experts are never split over TP (model/moe.py sets expert_tensor_parallel_size=1 in the config):
+        # the expert-TP group must then be size 1 too, or the alltoall dispatcher gathers over TP.
+        expert_tensor_parallel_size=1,
         context_parallel_size=cp,
         create_gloo_process_groups=gloo_groups,
     )

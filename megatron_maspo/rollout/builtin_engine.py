@@ -30,6 +30,15 @@ logger = logging.getLogger(__name__)
 _SEED_STRIDE = 1_000_003  # row seed = seed * stride**2 + prompt * stride + sample: distinct for any sane P, n
 
 
+
+def synced_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a weight sync writes: parameters plus persistent floating buffers the checkpoint
+    holds (``e_score_correction_bias``: state, not trained, but part of the policy's routing)."""
+    out = dict(model.named_parameters())
+    saved = model.state_dict(keep_vars=True).keys()
+    out.update((n, b) for n, b in model.named_buffers() if n in saved and b.is_floating_point())
+    return out
+
 class BuiltinEngine:
     """Rollout engine over an in-process transformers model (implements :class:`~.types.Engine`).
 
@@ -100,8 +109,9 @@ class BuiltinEngine:
         return self._version
 
     def expected_names(self) -> set[str]:
-        """HF checkpoint names a sync must deliver: the model's parameters, a tied ``lm_head`` excluded."""
-        return {n for n, _ in self.model.named_parameters()}
+        """HF checkpoint names a sync must deliver: the model's parameters (a tied ``lm_head`` excluded)
+        and its persistent buffers (the router's fp32 correction bias of GLM-4.5 / DeepSeek-V3)."""
+        return set(synced_tensors(self.model))
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -113,7 +123,7 @@ class BuiltinEngine:
                 ``policy_version`` is not advanced; sync again before generating.
         """
         self._restore()
-        params = dict(self.model.named_parameters())
+        params = synced_tensors(self.model)
         seen: set[str] = set()
         fused: dict[str, set] = {}  # transformers >= 5 fused experts: pieces delivered per parameter
         for name, t in weights:

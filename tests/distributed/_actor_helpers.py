@@ -73,6 +73,12 @@ def global_name(name: str, groups: ParallelGroups, spec: ArchSpec) -> str:
     return ".".join(parts)
 
 
+def _tp_split(name: str, p: torch.Tensor, groups: ParallelGroups) -> bool:
+    """Whether ``p`` is split over TP: Megatron marks expert linears ``tensor_model_parallel`` too, but
+    routed experts are split over expert TP, which is 1 here (model/moe.py); shared experts follow TP."""
+    return getattr(p, "tensor_model_parallel", False) and groups.tp > 1 and "local_experts" not in name
+
+
 def _shard(name: str, full: torch.Tensor, p, groups: ParallelGroups) -> torch.Tensor:
     dim, r, t = p.partition_dim, groups.tp_rank, groups.tp
     if "linear_fc1" in name:  # Megatron keeps [gate_local; up_local] per TP rank
@@ -96,7 +102,7 @@ def name_init(spec: ArchSpec, groups: ParallelGroups, seed: int = 7):
             for name, p in m.named_parameters():
                 gname = global_name(name, groups, spec)
                 shape = list(p.shape)
-                split = getattr(p, "tensor_model_parallel", False) and groups.tp > 1
+                split = _tp_split(name, p, groups)
                 if split:
                     shape[p.partition_dim] *= groups.tp
                 if gname == "embedding.word_embeddings.weight":
@@ -133,15 +139,15 @@ def full_tensors(actor: MegatronActor, *, grads: bool) -> dict[str, torch.Tensor
     for c in actor.chunks:
         for name, p in c.module.named_parameters():
             t = (p.main_grad if grads else p.data).detach().float().clone()
-            if getattr(p, "tensor_model_parallel", False) and groups.tp > 1:
+            if _tp_split(name, p, groups):
                 parts = [torch.empty_like(t) for _ in range(groups.tp)]
                 dist.all_gather(parts, t.contiguous(), group=groups.tp_group)
                 t = _merge(name, parts, p.partition_dim)
             gname = global_name(name, groups, spec)
             if name == "output_layer.weight" and spec.tie_word_embeddings:
                 continue
-            if gname == "embedding.word_embeddings.weight":
-                t = t[:spec.vocab_size]
+            if gname in ("embedding.word_embeddings.weight", "output_layer.weight"):
+                t = t[:spec.vocab_size]  # padded vocab rows: 128·tp of them
             local[gname] = t
     everything: list = [None] * dist.get_world_size()
     dist.all_gather_object(everything, local)

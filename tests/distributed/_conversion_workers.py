@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
+from megatron_maspo.conversion import hf_state_dict_keys
 from megatron_maspo.conversion.dist_ckpt import load_model_checkpoint, save_model_checkpoint
 from megatron_maspo.conversion.hf_to_megatron import load_hf_weights
 from megatron_maspo.conversion.megatron_to_hf import export_hf_weights
@@ -31,16 +35,23 @@ def parity_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
     out, layout, groups = [], None, None
     for case in cases:  # callers sort cases by layout: one init_parallel (group creation) per layout
         spec = arch_spec_from_hf(case["hf_dir"])
+        if case.get("ablate"):  # a feature removed from the spec: load the tensors it still has
+            spec = dataclasses.replace(spec, **case["ablate"])
         t0 = time.perf_counter()
         if layout != (case["tp"], case["pp"], case["ep"]):
             layout = (case["tp"], case["pp"], case["ep"])
             groups = init_parallel(tp=case["tp"], pp=case["pp"], ep=case["ep"])
-        opts = ModelBuildOptions(tp=case["tp"], pp=case["pp"], ep=case["ep"])
+        opts = ModelBuildOptions(tp=case["tp"], pp=case["pp"], ep=case["ep"],
+                                 sequence_parallel=spec.is_moe and case["tp"] > 1)  # as the trainer does
         chunks = build_model_chunks(spec, opts, pp_rank=groups.pp_rank)
         if case.get("load_ckpt"):
             load_model_checkpoint(chunks, case["load_ckpt"])
         else:
-            load_hf_weights(chunks, spec, groups, case["hf_dir"])
+            src = case["hf_dir"]
+            if case.get("ablate"):
+                full = load_file(str(Path(src) / "model.safetensors"))
+                src = {k: full[k] for k in hf_state_dict_keys(spec)}
+            load_hf_weights(chunks, spec, groups, src)
         logits = megatron_logits(chunks, spec, groups, case["tokens"])
         err = max_relative_error(logits, case["ref_logits"]) if logits is not None else None
         exported = list(export_hf_weights(chunks, spec, groups))

@@ -1,8 +1,10 @@
 """HF <-> Megatron conversion on real megatron-core (gloo, 4 CPU ranks) vs real transformers models.
 
 One spawned world runs every layout: each tiny family (Qwen2 QKV-bias tied, Llama llama3-rope
-untied, Qwen3 q/k-norm tied, Qwen3-MoE, the hybrid Qwen3.5 and Qwen3.5-MoE) at TP1 and TP2xPP2 (MoE: EP2 at PP1 and PP2), and under
-``slow`` at TP in {1, 2} x PP in {1, 2} (MoE: TP 1, EP in {1, 2});
+untied, Qwen3 q/k-norm tied, Qwen3-MoE, the hybrid Qwen3.5 and Qwen3.5-MoE) at TP1 and TP2xPP2 (MoE: EP2 at
+PP1 and PP2), and under ``slow`` at TP in {1, 2} x PP in {1, 2} (MoE: EP in {1, 2}, and TP 2 x EP 2 at PP 1
+and 2, with sequence parallelism; Qwen3.5-MoE at TP 1); GLM-4.5 and DeepSeek-V3 (multi-latent attention with
+YaRN, DeepSeekMoE) at TP 2 x EP 2 and EP 2 x PP 2 in the default run;
 logits must match transformers to 1e-5 relative, the export must reproduce the safetensors file
 bit for bit on every rank, and a checkpoint saved at TP2xPP2 must load at TP1.
 """
@@ -17,12 +19,19 @@ from megatron_maspo.model.tiny_hf import make_tiny_hf_model
 from tests.distributed._conversion_workers import parity_cases
 from tests.distributed._launch import run_workers
 
-FAMILIES = ["qwen2", "llama", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe"]
+FAMILIES = ["qwen2", "llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3", "qwen3_5", "qwen3_5_moe"]
 ALL_DENSE = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1)]
-ALL_MOE = [(1, 1, 1), (1, 1, 2), (1, 2, 1), (1, 2, 2)]
+MOE = ("qwen3_moe", "glm4_moe", "deepseek_v3", "qwen3_5_moe")
+ALL_MOE = [(1, 1, 1), (1, 1, 2), (1, 2, 1), (1, 2, 2), (2, 1, 2), (2, 2, 2)]  # TP x EP: sequence parallel
+
+
+def _moe_grid(family: str) -> list[tuple[int, int, int]]:
+    # the hybrid Qwen3.5-MoE builds without sequence parallelism, so without TP x EP (model/provider.py)
+    return [c for c in ALL_MOE if c[0] == 1] if family == "qwen3_5_moe" else ALL_MOE
 # Default run: every family at TP1 and at TP2xPP2 (MoE: EP2 at PP1 and PP2); the full grid is slow.
 DEFAULT = {"qwen2": [(1, 1, 1), (2, 2, 1)], "llama": [(1, 1, 1), (2, 2, 1)], "qwen3": [(1, 1, 1), (2, 2, 1)],
-           "qwen3_moe": [(1, 1, 2), (1, 2, 2)],
+           "qwen3_moe": [(1, 1, 2), (1, 2, 2)], "glm4_moe": [(2, 1, 2), (1, 2, 2)],
+           "deepseek_v3": [(2, 1, 2), (1, 2, 2)],
            "qwen3_5": [(1, 1, 1), (2, 2, 1)], "qwen3_5_moe": [(1, 1, 2), (1, 2, 2)]}
 
 
@@ -70,7 +79,7 @@ def test_parity_layouts_and_dist_ckpt_reshard(tmp_path):
 
 @pytest.mark.slow
 def test_parity_full_grid(tmp_path):
-    cases, refs = _cases(tmp_path, FAMILIES, lambda f: ALL_MOE if f.endswith("moe") else ALL_DENSE)
+    cases, refs = _cases(tmp_path, FAMILIES, lambda f: _moe_grid(f) if f in MOE else ALL_DENSE)
     _check(run_workers(parity_cases, 4, cases, timeout_s=400), cases, refs)
 
 
@@ -80,7 +89,7 @@ def test_parity_more_seeds_and_vocab(tmp_path):
     tokens_v = 256
 
     def layouts(fam):
-        return [(1, 2, 2)] if fam.endswith("moe") else [(2, 2, 1)]
+        return [(1, 2, 2)] if fam in MOE else [(2, 2, 1)]
 
     cases, refs = [], {}
     for i, fam in enumerate(FAMILIES):

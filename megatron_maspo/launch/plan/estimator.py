@@ -116,6 +116,7 @@ from megatron_maspo.launch.plan.rollout import (
 )
 from megatron_maspo.launch.plan.types import GIB, Assumptions, Layout, Memory, Plan, StepTime
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
+from megatron_maspo.parallel.config import sequence_parallel_on
 from megatron_maspo.parallel.logprobs_budget import DEFAULT_BUDGET_BYTES
 from megatron_maspo.rollout import engines
 from megatron_maspo.rollout.fleet import FleetLayout, build_fleet
@@ -178,7 +179,9 @@ def _layout_reasons(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, world: int,
     reasons: list[str] = []
     try:
         spec.validate_layout(lay.tp, lay.pp, lay.ep, lay.vpp,
-                             sequence_parallel=cfg.model.attention_backend == "te" and lay.tp > 1)
+                             sequence_parallel=sequence_parallel_on(cfg.parallel.sequence_parallel,
+                                                                    cfg.model.attention_backend, lay.tp,
+                                                                    spec.is_moe))
     except ValueError as e:
         reasons.append(str(e))
     if spec.is_moe:
@@ -194,8 +197,8 @@ def _layout_reasons(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, world: int,
         reasons += cp_trainer_reasons(cfg, lay.tp, lay.pp, lay.cp, world)
     if lay.tp > gpus_per_node:
         reasons.append(f"tp={lay.tp} spans nodes (gpus_per_node={gpus_per_node}); keep TP inside NVLink")
-    if dp % lay.ep:
-        reasons.append(f"data-parallel size {dp} is not divisible by ep={lay.ep}")
+    if (dp * lay.cp * lay.tp) % lay.ep:  # experts at expert-TP 1 lie over TP x CP x DP (parallel/groups.py)
+        reasons.append(f"tp*cp*dp = {lay.tp * lay.cp * dp} is not divisible by ep={lay.ep}")
     return reasons, dp
 
 
@@ -288,9 +291,10 @@ def _memory(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, dp: int, sh: _Shape, 
     p_local, elt, n_tok = p_dense + p_expert, sh.elt, sh.n_tok
     opt_per_param = 12 if (cfg.model.bf16 or cfg.model.fp16) else 8  # 16-bit weights + fp32 master copy
     d_dense = dp * lay.cp if lay.distributed_optimizer else 1  # Megatron shards over the dp x cp group
-    d_expert = max(1, dp * lay.cp // lay.ep) if lay.distributed_optimizer else 1
+    # expert data-parallel size = tp*cp*dp/ep: Megatron's expert layout is ETP 1 x EP x expert-DP x PP
+    d_expert = max(1, dp * lay.cp * lay.tp // lay.ep) if lay.distributed_optimizer else 1
     backend = cfg.model.attention_backend
-    sp = backend == "te" and lay.tp > 1
+    sp = sequence_parallel_on(cfg.parallel.sequence_parallel, backend, lay.tp, spec.is_moe)
     per_layer = activation_bytes(spec, lay.tp, lay.recompute, elt, sp)
     act = sh.inflight * (spec.num_layers // lay.pp) * n_tok * per_layer
     if lay.recompute == "full":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from megatron_maspo.launch.plan.types import Layout
-from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.model.spec import ArchSpec, mla_attention_parameters
 
 
 def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[float, float]:
@@ -15,36 +15,45 @@ def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[
     h, t = spec.hidden_size, lay.tp
     nh, g, d = spec.num_attention_heads, spec.num_query_groups, spec.kv_channels
     attn = (h * nh * d * (2 if spec.attention_output_gate else 1) + 2 * h * g * d + nh * d * h) / t
-    if spec.add_qkv_bias:
+    if spec.is_mla:
+        # every MLA projection is TP-split on the local spec (model/mla.py); the two latent norms are not
+        attn = (mla_attention_parameters(spec) - (spec.q_lora_rank or 0) - (spec.kv_lora_rank or 0)) / t \
+            + (spec.q_lora_rank or 0) + (spec.kv_lora_rank or 0)
+    elif spec.add_qkv_bias:
         attn += (nh * d + 2 * g * d) / t
     if spec.qk_layernorm:
         attn += 2 * d
-    dense, expert = 2 * h, 0.0
-    if spec.is_moe:
-        assert spec.num_moe_experts and spec.moe_ffn_hidden_size
-        # experts are split over EP only: the trainer sets expert_tensor_parallel_size=1 (model/moe.py)
-        expert = spec.num_moe_experts * 3 * h * spec.moe_ffn_hidden_size / lay.ep
-        dense += h * spec.num_moe_experts
-        if spec.moe_shared_expert_intermediate_size:
-            dense += 3 * h * spec.moe_shared_expert_intermediate_size / t + h
-    else:
-        dense += 3 * h * spec.ffn_hidden_size / t
-    layers = spec.num_layers // lay.pp
-    mixers = layers * attn
-    if spec.is_hybrid:  # linear layers hold a Gated DeltaNet instead: count the worst stage's mix
+    gdn = attn
+    if spec.is_hybrid:  # linear layers hold a Gated DeltaNet instead of attention
         from megatron_maspo.model.gdn_dims import GdnDims
 
         dims = GdnDims(**spec.linear_attention)  # type: ignore[arg-type]
         gdn = (dims.num_parameters(h) - dims.value_head_dim) / t + dims.value_head_dim  # norm replicated
-        mixers = max(sum(gdn if spec.layer_kind(i) == "linear" else attn for i in stage)
-                     for stage in stage_layers(spec.num_layers, lay.pp, lay.vpp))
+    dense_mlp = 3 * h * spec.ffn_hidden_size / t
+    moe_mlp, moe_expert = 0.0, 0.0  # an MoE layer's router and shared expert; its routed experts
+    if spec.is_moe:
+        assert spec.num_moe_experts and spec.moe_ffn_hidden_size
+        # experts are split over EP only: the trainer sets expert_tensor_parallel_size=1 (model/moe.py)
+        moe_expert = spec.num_moe_experts * 3 * h * spec.moe_ffn_hidden_size / lay.ep
+        moe_mlp = h * spec.num_moe_experts  # router weight (its fp32 correction bias is a buffer)
+        if spec.moe_shared_expert_intermediate_size:  # Megatron's SharedExpertMLP: split over TP
+            moe_mlp += 3 * h * spec.moe_shared_expert_intermediate_size / t
+            moe_mlp += h if spec.moe_shared_expert_gate else 0
     emb = spec.padded_vocab_size(t, divisible_by) * h / t
-    if lay.pp == 1:
-        extra = emb * (1 if spec.tie_word_embeddings else 2) + h
-    else:
-        # Stage 0 holds the embedding, the last stage the output layer (a copy when tied) + final norm.
-        extra = emb + h
-    return mixers + layers * dense + extra, layers * expert
+    best = (0.0, 0.0)
+    # the stage holding the most parameters (dense first layers sit on stage 0; hybrid stages mix kinds)
+    for stage, layers in enumerate(stage_layers(spec.num_layers, lay.pp, lay.vpp)):
+        n_moe = sum(spec.is_moe_layer(i) for i in layers)
+        dense = sum((gdn if spec.layer_kind(i) == "linear" else attn) + 2 * h for i in layers)
+        dense += n_moe * moe_mlp + (len(layers) - n_moe) * dense_mlp
+        if lay.pp == 1:
+            dense += emb * (1 if spec.tie_word_embeddings else 2) + h
+        else:
+            # Stage 0 holds the embedding, the last stage the output layer (a copy when tied) + final norm.
+            dense += emb if stage == 0 else (emb + h if stage == lay.pp - 1 else 0)
+        if dense + n_moe * moe_expert > sum(best):
+            best = (dense, n_moe * moe_expert)
+    return best
 
 
 def stage_layers(num_layers: int, pp: int, vpp: int | None) -> list[list[int]]:
@@ -66,7 +75,11 @@ def activation_bytes(spec: ArchSpec, tp: int, recompute: str | None, elt: int,
         router = 4 * spec.num_moe_experts
     else:
         mlp, router = 3 * spec.ffn_hidden_size / t, 0
-    full_set = elt * (4 * h / sp + (nh * d + 2 * g * d) / t + nh * d / t + mlp) + 4 * nh / t + router
+    qkv, ctx = nh * d + 2 * g * d, nh * d
+    if spec.is_mla:  # q and the expanded K of d_n + d_r per head, V of d_v, plus the two latents
+        qk = spec.qk_head_dim + spec.qk_pos_emb_head_dim
+        qkv = 2 * nh * qk + nh * d + (spec.q_lora_rank or 0) * t + ((spec.kv_lora_rank or 0) + spec.qk_pos_emb_head_dim) * t
+    full_set = elt * (4 * h / sp + qkv / t + ctx / t + mlp) + 4 * nh / t + router
     return elt * h / sp if recompute == "full" else full_set
 
 
@@ -81,7 +94,15 @@ def dense_attention_bytes(spec: ArchSpec, lay: Layout, seq: int, inflight: float
 
 def kv_bytes_per_token(spec: ArchSpec, vllm_tp: int) -> float:
     """bf16 K and V of the softmax-attention layers for one token on one engine GPU (KV heads replicate
-    when vllm_tp > n_g); linear-attention layers (Qwen3.5's Gated DeltaNet) keep no per-token cache."""
+    when vllm_tp > n_g); linear-attention layers (Qwen3.5's Gated DeltaNet) keep no per-token cache.
+
+    Multi-latent attention caches the compressed latent and the shared rotary key instead,
+    ``(kv_lora_rank + qk_rope_head_dim)`` elements per layer and token (DeepSeek-V2 paper, arXiv 2405.04434,
+    §2.1.2 and Table 1: ``(d_c + d_h^R)·l``), the same on every TP rank (vLLM's MLA backends keep the latent
+    whole: ``vllm/attention/backends/mla``); decode reads it once per token (``estimator.py``).
+    """
+    if spec.is_mla:
+        return spec.num_layers * ((spec.kv_lora_rank or 0) + spec.qk_pos_emb_head_dim) * 2
     heads = max(1, math.ceil(spec.num_query_groups / vllm_tp))
     full = sum(1 for i in range(spec.num_layers) if spec.layer_kind(i) == "full")
     return 2 * full * heads * spec.kv_channels * 2

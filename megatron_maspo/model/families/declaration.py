@@ -83,7 +83,8 @@ class ModelFamily:
     from_hf: Callable[[Any, dict], SpecFields]
     """``(transformers config with its defaults filled, the raw config.json dict)`` -> ``ArchSpec``
     fields; raises ``ValueError`` naming the field for anything Megatron-Core cannot reproduce exactly.
-    ``qk_layernorm``, ``extra`` and (for ``qkv_bias="always"``) ``add_qkv_bias`` are then set by the reader."""
+    ``qk_layernorm``, the token ids in ``extra`` (merged with any ``extra`` it returns) and (for
+    ``qkv_bias="always"``) ``add_qkv_bias`` are then set by the reader."""
     to_hf: Callable[[Any], dict[str, Any]]
     """``ArchSpec`` -> ``config.json`` content (without ``model_type``/``architectures``/``attention_bias``,
     which the reader adds from the declaration and the flags); raises ``ValueError`` for a spec the HF
@@ -91,8 +92,10 @@ class ModelFamily:
     qkv_bias: Literal["config", "always"] = "config"
     """``"config"``: HF ``attention_bias`` decides (written on export); ``"always"``: the HF family has
     q/k/v biases with no config key (Qwen2), so a spec without them is refused on export."""
-    qk_norm: bool = False
-    """The HF family always has q/k RMSNorm (Qwen3); a spec disagreeing is refused on export."""
+    qk_norm: bool | Literal["config"] = False
+    """True: the HF family always has q/k RMSNorm (Qwen3), a spec disagreeing is refused on export;
+    ``"config"``: a config key decides (GLM-4.5's ``use_qk_norm``): ``from_hf`` sets ``qk_layernorm`` and
+    ``to_hf`` writes the key; False: never."""
     moe: bool = False
     """The family has routed experts (``from_hf`` fills the ``moe_*`` fields); a dense family refuses a
     spec with experts on export."""

@@ -17,7 +17,18 @@ from typing import Literal
 
 from megatron_maspo.model.families.hybrid_names import GatedQKV, GdnConv, GdnInProj
 
-Condition = Literal["qkv_bias", "qk_norm", "untied"]
+Condition = Literal["qkv_bias", "qk_norm", "untied", "expert_bias", "shared_expert", "dense_layer", "moe_layer",
+                    "q_lora", "no_q_lora"]
+"""When an entry exists: a spec flag (``qkv_bias``, ``qk_norm``, ``untied``, ``expert_bias`` (the router's
+correction bias), ``shared_expert``), the kind of its layer (``dense_layer``: a dense MLP among MoE
+layers, HF ``first_k_dense_replace``; ``moe_layer``: a layer with routed experts), or ``q_lora`` /
+``no_q_lora`` (multi-latent attention with / without the low-rank query projection). ``expert_bias`` and
+``shared_expert`` entries exist in MoE layers only."""
+
+RopeRows = Literal["per_head", "tail"]
+"""Where an MLA weight keeps rotary rows: the last ``qk_pos_emb_head_dim`` rows of every head's
+``qk_head_dim + qk_pos_emb_head_dim`` block (query projections), or of the whole tensor (the KV down
+projection, ``[kv_lora_rank + d_r, H]``)."""
 
 
 @dataclass(frozen=True)
@@ -25,7 +36,8 @@ class Direct:
     """One HF tensor <-> one Megatron tensor.
 
     ``split`` is the TP split dim (0: column-parallel, 1: row-parallel, None: replicated);
-    ``vocab`` marks vocab-parallel rows padded from V to Vp.
+    ``vocab`` marks vocab-parallel rows padded from V to Vp; ``fp32`` tensors keep float32 on export
+    whatever the export dtype (the router's correction bias, which HF also keeps in fp32).
     """
 
     hf: str
@@ -33,6 +45,10 @@ class Direct:
     split: int | None = None
     vocab: bool = False
     when: Condition | None = None
+    fp32: bool = False
+    rope_rows: RopeRows | None = None
+    """MLA rotary rows, interleaved on import when the HF checkpoint keeps them in rotate-half order
+    (``ArchSpec.mla_rope_interleave=False``) and restored on export (``conversion/shard.py``)."""
 
     @property
     def hf_names(self) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from typing import Any
 from megatron_maspo.model.families import llama_style
 from megatron_maspo.model.families.declaration import ModelFamily, SpecFields
 from megatron_maspo.model.families.names import Direct, Entry, FamilyTable, GatedMLP
+from megatron_maspo.model.moe_router import router_summary
 
 _M = "decoder.layers.{layer}."
 _E = "model.layers.{layer}.mlp.experts.{expert}."
@@ -37,6 +38,10 @@ def _from_hf(cfg: Any, d: dict) -> SpecFields:
 
 
 def _to_hf(spec: Any) -> dict[str, Any]:
+    if (spec.moe_router_score_function != "softmax" or spec.moe_router_expert_bias or spec.moe_router_num_groups
+            or spec.moe_router_topk_scaling_factor not in (None, 1.0) or spec.moe_first_k_dense):
+        raise ValueError(f"ArchSpec(family={spec.family!r}) has router features HF Qwen3-MoE cannot express "
+                         f"({router_summary(spec)})")
     return dict(llama_style.config_json(spec), num_experts=spec.num_moe_experts,
                 moe_intermediate_size=spec.moe_ffn_hidden_size, num_experts_per_tok=spec.moe_router_topk,
                 norm_topk_prob=spec.moe_norm_topk_prob, decoder_sparse_step=1, mlp_only_layers=[],

@@ -13,11 +13,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from megatron_maspo.model.families import llama, qwen2, qwen3, qwen3_5, qwen3_5_moe, qwen3_moe
+from megatron_maspo.model.families import (
+    deepseek_v3,
+    glm4_moe,
+    llama,
+    qwen2,
+    qwen3,
+    qwen3_5,
+    qwen3_5_moe,
+    qwen3_moe,
+)
 from megatron_maspo.model.families.declaration import ModelFamily
 
-BUILT_IN: tuple[ModelFamily, ...] = (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, qwen3_moe.FAMILY, qwen3_5.FAMILY,
-                                     qwen3_5_moe.FAMILY)
+BUILT_IN: tuple[ModelFamily, ...] = (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, qwen3_moe.FAMILY, glm4_moe.FAMILY,
+                                     deepseek_v3.FAMILY, qwen3_5.FAMILY, qwen3_5_moe.FAMILY)
 """The families shipped with the package, in the order the derived lists show them."""
 
 _FAMILIES: dict[str, ModelFamily] = {}

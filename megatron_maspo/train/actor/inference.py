@@ -23,21 +23,26 @@ from megatron_maspo.model.provider import (
     loaded_weights_options,
 )
 from megatron_maspo.model.spec import ArchSpec
-from megatron_maspo.parallel.config import ParallelConfig
+from megatron_maspo.parallel.config import ParallelConfig, sequence_parallel_on
 from megatron_maspo.parallel.groups import ParallelGroups
 
 logger = logging.getLogger(__name__)
 
 
-def actor_build_options(model: ModelConfig, parallel: ParallelConfig) -> ModelBuildOptions:
-    """The model options the actor and the inference policy share (layout, precision, spec)."""
+def actor_build_options(model: ModelConfig, parallel: ParallelConfig,
+                        spec: ArchSpec | None = None) -> ModelBuildOptions:
+    """The model options the actor and the inference policy share (layout, precision, spec); ``spec``
+    decides the default of ``parallel.sequence_parallel`` (on for MoE at TP > 1)."""
     p = parallel
-    return ModelBuildOptions(
+    opts = ModelBuildOptions(
         tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, cp=p.cp, cp_comm_type=p.cp_comm_type, bf16=model.bf16,
         fp16=model.fp16, recompute=model.recompute,
         make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
         calculate_per_token_loss=True, **attention_options(model.attention_backend, p.tp),
         **moe_build_options(model))
+    opts.sequence_parallel = sequence_parallel_on(p.sequence_parallel, model.attention_backend, p.tp,
+                                                  bool(spec is not None and spec.is_moe))
+    return opts
 
 
 class InferencePolicy:
@@ -60,7 +65,7 @@ class InferencePolicy:
             raise ValueError(f"parallel groups (tp={groups.tp}, pp={groups.pp}, ep={groups.ep}) do "
                              f"not match parallel (tp={p.tp}, pp={p.pp}, ep={p.ep})")
         self.spec, self.groups = spec, groups
-        opts = actor_build_options(model, parallel)
+        opts = actor_build_options(model, parallel, spec)
         self.chunks = build_model_chunks(spec, opts if init_weights is None else loaded_weights_options(opts),
                                          pp_rank=groups.pp_rank)
         if init_weights is not None:

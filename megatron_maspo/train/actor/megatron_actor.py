@@ -107,7 +107,7 @@ class MegatronActor:
         self.model_cfg, self.parallel_cfg = model, parallel
         self.loss_cfg, self.train_cfg, self.temperature = loss, train, temperature
         self.device = default_device()
-        self.opts = actor_build_options(model, parallel)  # shared with the inference-only policy
+        self.opts = actor_build_options(model, parallel, spec)  # shared with the inference-only policy
         # loaded weights replace the random ones: skip the full CPU draw (model/provider.py)
         build_opts = self.opts if init_weights is None else loaded_weights_options(self.opts)
         chunks = build_model_chunks(spec, build_opts, pp_rank=groups.pp_rank)
@@ -133,7 +133,7 @@ class MegatronActor:
         self.replay_mode = model.routing_replay
         if self.replay_mode != "off" and not spec.is_moe:
             raise ValueError(f"model.routing_replay={self.replay_mode!r} needs an MoE model")
-        self.replay = (RoutingReplay(self.chunks, num_layers=spec.num_layers)
+        self.replay = (RoutingReplay(self.chunks, moe_layers=[i for i in range(spec.num_layers) if spec.is_moe_layer(i)])
                        if self.replay_mode != "off" else None)
         # Megatron's allgather MoE dispatcher (CPU at EP > 1) needs equal row lengths over the EP group
         self._equal_rows = p.ep > 1 and getattr(

@@ -9,7 +9,7 @@ fed to Megatron-Core's ``RouterReplay`` (``moe_enable_routing_replay``) one micr
 The routers still compute their own scores, so the gate probabilities (and their gradient) are the
 trainer's, only the expert *choice* is the engine's.
 
-Layout of one micro-batch's targets: ``[num_layers, S, k]`` int64 for the packed row of ``S`` tokens
+Layout of one micro-batch's targets: ``[num_moe_layers, S, k]`` int64 (dense first layers have none) for the packed row of ``S`` tokens
 (sequences in ``mb.sample_index`` order, then the padding segment). Positions the engine has no entry
 for (the last response token, which predicts nothing; padding) get experts ``0..k-1``: their outputs
 reach no trained log-prob (attention is causal within each packed sequence).
@@ -54,14 +54,17 @@ class RoutingReplay:
 
     Args:
         chunks: the policy's model chunks (built with ``moe_enable_routing_replay``).
-        num_layers: global number of layers (the targets' first dimension).
+        moe_layers: global (0-based) ids of the layers with routed experts, in order; the engine records
+            one entry per such layer (dense first layers have no gate), so the targets' first dimension
+            is ``len(moe_layers)`` and layer ``moe_layers[j]`` replays entry ``j``.
     """
 
-    def __init__(self, chunks: list, *, num_layers: int) -> None:
+    def __init__(self, chunks: list, *, moe_layers: Sequence[int]) -> None:
         self.per_chunk = [[r for r in routers([c]) if r.router_replay is not None] for c in chunks]
         if not any(self.per_chunk):
             raise ValueError("routing replay needs routers built with moe_enable_routing_replay")
-        self.num_layers = num_layers
+        self.num_layers = len(moe_layers)
+        self.entry = {layer: j for j, layer in enumerate(moe_layers)}
         self.topk = next(r for rs in self.per_chunk for r in rs).topk
         self.missing = 0  # micro-batches run without replay (a sample had no routed experts)
 
@@ -78,7 +81,7 @@ class RoutingReplay:
             if target is None:
                 rr.clear_router_replay_action()
             else:
-                rr.set_target_indices(target[r.layer_number - 1].to(device))
+                rr.set_target_indices(target[self.entry[r.layer_number - 1]].to(device))
                 rr.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
 
     def iterate(self, chunk: int, inputs: list, targets: list, device: torch.device) -> Iterator:

@@ -16,7 +16,7 @@ from megatron_maspo.conversion.plan import hf_shape
 from megatron_maspo.model.hf_config import arch_spec_from_hf, hf_config_dict
 from megatron_maspo.model.tiny_hf import make_tiny_hf_model
 
-FAMILIES = ["qwen2", "llama", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe"]
+FAMILIES = ["qwen2", "llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3", "qwen3_5", "qwen3_5_moe"]
 
 
 @pytest.fixture(scope="module")

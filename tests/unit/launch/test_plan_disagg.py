@@ -155,3 +155,22 @@ def test_cli_prints_the_comparison_and_plans_a_disaggregated_config(capsys):
     assert "training pool 16 GPUs" in out and "rollout pool 16 GPUs" in out and "InfiniBand 40 GB/s" in out
     assert "no engine, nothing offloaded" in out and "at k=1 (max of the pools" in out
     assert main(["plan", "r1_distill_qwen_7b_maspo", "--nodes", "4", *sets, "--internode-gb-s", "0"]) == 2
+
+
+def test_glm45_air_colocated_and_one_step_off(capsys):
+    """GLM-4.5-Air on 16 x 8: ``maspo plan --splits`` prints the colocated step and the best k = 1 split
+    with its generation / training split; a split's k = 1 step is the slower pool's time (the overlap
+    hides the faster pool, never more) and never longer than the same split run serially (k = 0)."""
+    cfg = _cfg("glm45_air_maspo", world=128)
+    cmp = compare_placements(cfg, arch_of(cfg), layout_of(cfg), nodes=16, gpus_per_node=8, hw=HW)
+    assert cmp.colocated.fits and cmp.staleness == 1
+    fitting = [p for p, _ in cmp.splits if p.fits]
+    assert fitting
+    for p in fitting:
+        t = p.time
+        assert t.total == max(t.engine_side, t.trainer_side) <= t.total_at(0)
+        assert t.total_at(0) == pytest.approx(t.engine_side + t.trainer_side)
+    assert main(["plan", "glm45_air_maspo", "--nodes", "16", "--splits"]) == 0
+    out = capsys.readouterr().out
+    assert "placement: colocated step" in out and "best disaggregated split at k=1" in out
+    assert "generation" in out and "update" in out

@@ -36,13 +36,18 @@ def test_fine_grained_layout(cfg):
                for r in estimate(cfg, spec, _lay(ep=48), nodes=6, gpus_per_node=8).reasons)
 
 
-def test_moe_tp_needs_the_te_spec(cfg):
+def test_moe_tp_needs_sequence_parallelism(cfg):
+    """MoE at TP 2: accepted with ``parallel.sequence_parallel`` unset (on for MoE) on either spec, refused
+    when it is forced off."""
     spec = arch_of(cfg)
     local = estimate(cfg, spec, _lay(tp=2), nodes=2, gpus_per_node=8)
-    assert any("needs sequence parallelism" in r for r in local.reasons)
+    assert not any("sequence parallelism" in r for r in local.reasons)
     cfg.model.attention_backend = "te"
     te = estimate(cfg, spec, _lay(tp=2), nodes=2, gpus_per_node=8)
     assert not any("sequence parallelism" in r for r in te.reasons)
+    cfg.parallel.sequence_parallel = False
+    off = estimate(cfg, spec, _lay(tp=2), nodes=2, gpus_per_node=8)
+    assert any("needs sequence parallelism" in r for r in off.reasons)
     # expert weights are not split by TP (expert_tensor_parallel_size=1): only the dense part halves
     d1, e1 = local_params(spec, _lay(tp=1))
     d2, e2 = local_params(spec, _lay(tp=2))

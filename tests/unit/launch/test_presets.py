@@ -28,7 +28,20 @@ PUBLISHED = {
     "qwen3.5-35b-a3b": 34_660_610_688,
     "qwen3.5-122b-a10b": 122_111_526_912,
     "qwen3.5-397b-a17b": 396_346_350_336,
+    # transformers' Glm4MoeForCausalLM for this config.json (parameters + the 45 routers' fp32 correction
+    # biases, MTP layer not built); the model card says 106 B total
+    "glm-4.5-air": 106_852_251_264,
+    # transformers' DeepseekV3ForCausalLM for this config.json (parameters + the 58 routers' fp32 correction
+    # biases; the MTP layer, passed through by conversion, is not built): the published 671 B
+    "deepseek-v3": 671_026_419_200,
 }
+CARD_TOTALS = {"glm-4.5-air": 106e9, "deepseek-v3": 671e9}
+"""Totals as the model cards round them; a preset must be within 2% (the issue's bar)."""
+
+
+@pytest.mark.parametrize("name", sorted(CARD_TOTALS))
+def test_parameter_count_within_two_percent_of_the_model_card(name):
+    assert abs(get_preset(name).num_parameters() / CARD_TOTALS[name] - 1) < 0.02
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

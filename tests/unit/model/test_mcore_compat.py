@@ -96,3 +96,25 @@ def test_extra_state_screen_admits_the_storage_loader_names_the_installed_versio
         else:  # 0.16.1 never writes megatron's name: refused as before
             with pytest.raises(InputError, match="names megatron.core.safe_globals.safe_load_from_bytes"):
                 screen_extra_state([t], "x")
+
+
+def test_core_attention_channel_kwargs_only_for_constructors_that_take_them():
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from megatron_maspo.model.mcore_compat import core_attention_channel_kwargs
+    from megatron_maspo.model.packed_attention import PackedSDPAttention
+
+    assert core_attention_channel_kwargs(PackedSDPAttention, 192, 128) == {"k_channels": 192, "v_channels": 128}
+    takes = "k_channels" in inspect.signature(DotProductAttention.__init__).parameters
+    assert bool(core_attention_channel_kwargs(DotProductAttention, 192, 128)) == takes
+
+
+def test_mla_sees_whether_transformer_engine_imported():
+    from megatron.core.extensions import transformer_engine as te_ext
+    from megatron.core.transformer import multi_latent_attention as mla
+
+    from megatron_maspo.model.mcore_compat import mla_without_te
+
+    mla_without_te()
+    if not te_ext.HAVE_TE:  # TE absent (CPU): MLA must not call isinstance with TE's MagicMock stand-in
+        assert mla.HAVE_TE is False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -29,7 +31,7 @@ def _moe() -> ArchSpec:
     (dict(routing_replay="yes"), "model.routing_replay"),
     (dict(moe_aux_loss_coeff=0.01), "needs model.moe_load_balancing"),
     (dict(moe_z_loss_coeff=-1.0), ">= 0"),
-    (dict(moe_expert_bias=True), "sigmoid"),
+    (dict(moe_expert_bias_update_rate=-1.0), ">= 0"),
 ])
 def test_bad_fields_are_refused(fields, needle):
     with pytest.raises(ValueError, match=needle):
@@ -60,14 +62,33 @@ def test_megatron_keys():
             moe_transformer_kwargs(_moe(), ModelBuildOptions(ep=2, moe_dispatcher="flex"))
 
 
-def test_moe_tp2_ep2_is_refused_on_the_local_spec():
+def test_moe_tp2_ep2_needs_sequence_parallelism():
+    """MoE at TP 2 x EP 2: sequence parallelism is on by default (``parallel.sequence_parallel=None``), and
+    the local spec builds it (SP torch norms); forcing it off is refused with a one-line error."""
     with pytest.raises(ValueError, match="needs sequence parallelism"):
         build_transformer_config(_moe(), ModelBuildOptions(tp=2, ep=2))
     cfg = MaspoConfig(parallel=ParallelConfig(tp=2, ep=2, world_size=4))
+    check_model_layout(cfg.model, cfg.parallel, _moe())  # default: SP on for MoE at TP > 1
+    cfg.parallel.sequence_parallel = False
     with pytest.raises(ConfigError, match=r"parallel.tp=2 parallel.pp=1 parallel.ep=2: MoE with "
                                           r"tensor_model_parallel_size > 1 needs sequence parallelism"):
         check_model_layout(cfg.model, cfg.parallel, _moe())
-    cfg.model.attention_backend = "te"  # the TE spec has sequence parallelism: layout accepted
-    check_model_layout(cfg.model, cfg.parallel, _moe())
+    from megatron_maspo.train.actor.inference import actor_build_options
+
+    assert actor_build_options(cfg.model, ParallelConfig(tp=2, ep=2, world_size=4), _moe()).sequence_parallel
+    assert not actor_build_options(cfg.model, ParallelConfig(tp=2, world_size=2), tiny_qwen2_spec()).sequence_parallel
     with pytest.raises(ConfigError, match="needs an MoE model"):
         check_model_layout(ModelConfig(routing_replay="all"), MaspoConfig().parallel, tiny_qwen2_spec())
+
+
+def test_expert_bias_update_needs_a_model_with_a_correction_bias():
+    """``model.moe_expert_bias`` (update the bias) is refused at start-up for a softmax router; for a
+    sigmoid router with a bias it sets Megatron's update rate, and the default (frozen) sets rate 0."""
+    with pytest.raises(ConfigError, match="has none"):
+        check_model_layout(ModelConfig(moe_expert_bias=True), MaspoConfig().parallel, _moe())
+    sig = dataclasses.replace(_moe(), moe_router_score_function="sigmoid", moe_router_expert_bias=True)
+    check_model_layout(ModelConfig(moe_expert_bias=True), MaspoConfig().parallel, sig)
+    frozen = moe_transformer_kwargs(sig, ModelBuildOptions())
+    assert frozen["moe_router_enable_expert_bias"] and frozen["moe_router_bias_update_rate"] == 0.0
+    live = moe_transformer_kwargs(sig, ModelBuildOptions(moe_expert_bias_update=True, moe_expert_bias_update_rate=2e-3))
+    assert live["moe_router_bias_update_rate"] == 2e-3
