@@ -6,8 +6,9 @@
 ``--placement`` also skips what differs between a colocated and a disaggregated run by design: ``sync/*``,
 ``rollout/engine*``, ``rollout/prompts_per_engine*`` and ``rollout/engine_busy_s``.
 
-Every key is compared exactly except ``time/*``, ``memory/*``, ``*_per_s``, ``rollout/gen_tokens_per_s_*``,
-``sync/gb_per_s``, ``sync/sender_gb_per_s`` and ``sync/transfer_s`` (they depend on the machine's load). Prints each difference and a closing count; exits 1 when any differ.
+Every key is compared exactly except the wall-clock ones (``megatron_maspo.train.observe.timing_keys``:
+``time/*``, ``memory/*``, rates, ``sync/*_s`` durations; they depend on the machine's load). Prints each
+difference and a closing count; exits 1 when any differ.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from __future__ import annotations
 import json
 import sys
 
+from megatron_maspo.train.observe.timing_keys import is_timing
+
 PLACEMENT_KEYS = ("sync/", "rollout/engine", "rollout/prompts_per_engine")
 
 
 def _skip(key: str, placement: bool = False) -> bool:
-    return (key.startswith(("time/", "memory/", "rollout/gen_tokens_per_s")) or key.endswith("_per_s")
-            or key in ("sync/gb_per_s", "sync/sender_gb_per_s", "sync/transfer_s") or (placement and key.startswith(PLACEMENT_KEYS)))
+    return is_timing(key) or (placement and key.startswith(PLACEMENT_KEYS))
 
 
 def _rows(path: str) -> list[dict]:
