@@ -45,6 +45,7 @@ from megatron.core.utils import divide
 
 from megatron_maspo.model import mcore_compat
 from megatron_maspo.model.spec import ArchSpec
+from megatron_maspo.parallel import comm
 
 
 def mla_transformer_kwargs(spec: ArchSpec) -> dict[str, Any]:
@@ -133,7 +134,7 @@ class _GatherKVLatent(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):  # noqa: ANN205
         grad = grad.clone()
         tail = grad[..., -ctx.rope:].contiguous()
-        torch.distributed.all_reduce(tail, group=ctx.group)
+        comm.all_reduce(tail, group=ctx.group)
         grad[..., -ctx.rope:] = tail
         return mappings._split_along_last_dim(grad, ctx.group), None, None
 

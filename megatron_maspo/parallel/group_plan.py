@@ -27,13 +27,28 @@ GPU ``(r % ranks_per_node) % gpus_per_node``: one GPU per rank unless a node run
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from megatron_maspo.rollout.pools import PoolLayout
+from typing import Any, Protocol
 
 NCCL, GLOO = "nccl", "gloo"
+
+
+class PoolLayoutLike(Protocol):
+    """What :func:`plan_groups` reads of a disaggregated job's ``rollout.pools.PoolLayout`` (a structural
+    type: ``parallel/`` sits below ``rollout/`` and does not import it)."""
+
+    @property
+    def trainer_world(self) -> int: ...
+
+    @property
+    def world(self) -> int: ...
+
+    @property
+    def batches_ranks(self) -> Sequence[int]: ...
+
+    @property
+    def weight_links(self) -> Sequence[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -98,7 +113,7 @@ def _device_group(name: str, ranks: tuple[int, ...], why: str, gpus_per_node: in
                      why + ("; two ranks on one GPU" if shares else ""))
 
 
-def plan_groups(layout: PoolLayout | int, gpus_per_node: int, *,
+def plan_groups(layout: PoolLayoutLike | int, gpus_per_node: int, *,
                 ranks_per_node: int | None = None) -> tuple[GroupPlan, ...]:
     """Every process group the job makes on GPUs, with its ranks and backend (module docstring).
 
