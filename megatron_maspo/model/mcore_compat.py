@@ -93,6 +93,19 @@ def mla_without_te() -> None:
         mla.HAVE_TE = False
 
 
+@functools.cache
+def local_mla_without_q_latent() -> bool:
+    """Whether the local (non-TE) spec can build MLA without a query latent (``q_lora_rank=None``).
+
+    0.16.1: yes, the spec's modules are taken as given. 0.19 resolves MLA's norms and projections in
+    ``transformer/mla_qk_norm_config.py``: with the latent KV norm on it requires the query projection to be
+    a fused norm+linear, which only Transformer Engine provides, so the local spec cannot build it.
+    """
+    import importlib.util
+
+    return importlib.util.find_spec("megatron.core.transformer.mla_qk_norm_config") is None
+
+
 #: torch's own loader of a pickled storage (what every megatron-core version's pickles may name).
 TORCH_STORAGE_LOADER = ("torch.storage", "_load_from_bytes")
 #: megatron-core 0.19's replacement for it (``megatron/core/__init__.py`` rebinds torch's name to this).

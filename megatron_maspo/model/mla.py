@@ -79,16 +79,24 @@ def mla_layer_spec(spec: ArchSpec, *, grouped_gemm: bool, core_attention: type |
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     mcore_compat.mla_without_te()
+    if spec.q_lora_rank is None and not mcore_compat.local_mla_without_q_latent():
+        raise ValueError("multi-latent attention without a query latent (q_lora_rank=None, DeepSeek-V2-Lite "
+                         "style) does not build on the local spec with this megatron-core (0.19 takes the "
+                         "query projection from Transformer Engine): use megatron-core 0.16.1 or the TE spec")
     lspec = get_gpt_layer_local_spec(num_experts=spec.num_moe_experts, moe_grouped_gemm=grouped_gemm,
                                      qk_layernorm=True, multi_latent_attention=True, normalization="RMSNorm")
     attention: Any = lspec.submodules.self_attention  # type: ignore[attr-defined]
     attention.module = MLASelfAttentionTP
     _install_gather()
     if spec.q_lora_rank is None:
-        # no q latent: MLASelfAttention builds no q norm, the spec's module would be unused
+        # no q latent: MLASelfAttention builds no q norm, the spec's module would be unused; and the full
+        # q projection is named here: megatron-core 0.19's local MLA spec fills it from the TE backend (a
+        # stand-in without TE)
+        from megatron.core.tensor_parallel.layers import ColumnParallelLinear
         from megatron.core.transformer.identity_op import IdentityOp
 
         attention.submodules.q_layernorm = IdentityOp
+        attention.submodules.linear_q_proj = ColumnParallelLinear
     attention.submodules.core_attention = core_attention or ChannelsDotProductAttention
     return lspec
 
@@ -163,6 +171,17 @@ def _install_gather() -> None:
 
 class MLASelfAttentionTP(multi_latent_attention.MLASelfAttention):
     """megatron-core's ``MLASelfAttention`` with the rotary key's TP gradient completed (module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The latent q/kv norms run on the gathered latent, so every TP rank already holds their whole
+        # gradient. The config's qk_layernorm (which megatron-core 0.19 needs on for these norms) would make
+        # finalize_model_grads *sum* them over TP; averaging identical gradients keeps them. Under sequence
+        # parallelism the norms see this rank's tokens only and the sequence-parallel sum is the right one.
+        if not self.config.sequence_parallel:
+            for norm in (getattr(self, "q_layernorm", None), getattr(self, "kv_layernorm", None)):
+                for p in norm.parameters() if isinstance(norm, torch.nn.Module) else ():
+                    p.average_gradients_across_tp_domain = True
 
     def get_query_key_value_tensors(self, *args: Any, **kwargs: Any):  # noqa: ANN201 - as the parent's
         cfg = self.config

@@ -184,7 +184,9 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
         gated_linear_unit=True,
         add_bias_linear=False,
         add_qkv_bias=spec.add_qkv_bias,
-        qk_layernorm=spec.qk_layernorm,
+        # MLA: the latent q/kv norms are what megatron-core calls qk_layernorm (0.19 resolves them from this
+        # flag and refuses the norms without it; 0.16.1 reads the spec only)
+        qk_layernorm=spec.qk_layernorm or spec.is_mla,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=opts.init_method_std,
