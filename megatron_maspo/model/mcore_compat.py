@@ -93,6 +93,18 @@ def mla_without_te() -> None:
         mla.HAVE_TE = False
 
 
+def megatron_core_version() -> str:
+    """The installed megatron-core release, e.g. ``"0.19.2"``.
+
+    0.19's ``package_info`` appends ``+<git head>`` of whatever repository its install directory sits in
+    (it runs ``git rev-parse`` there at import), so a venv inside this project's checkout reports the
+    *project's* commit; the label is dropped here.
+    """
+    from megatron.core.package_info import __version__
+
+    return __version__.split("+")[0]
+
+
 @functools.cache
 def local_mla_without_q_latent() -> bool:
     """Whether the local (non-TE) spec can build MLA without a query latent (``q_lora_rank=None``).

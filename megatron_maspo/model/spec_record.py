@@ -31,7 +31,9 @@ def spec_record(opts: Any) -> dict:
     from megatron_maspo.model.provider import moe_grouped_gemm, uses_te
 
     try:
-        from megatron.core.package_info import __version__ as mcore
+        from megatron_maspo.model.mcore_compat import megatron_core_version
+
+        mcore = megatron_core_version()
     except Exception:  # pragma: no cover - megatron-core is a hard dependency
         mcore = "unknown"
     te = uses_te(opts)

@@ -32,9 +32,9 @@ def _core_dir() -> Path:
 
 
 def _installed() -> str:
-    from megatron.core.package_info import __version__
+    from megatron_maspo.model.mcore_compat import megatron_core_version
 
-    return __version__
+    return megatron_core_version()  # without 0.19's "+<git head>" label
 
 
 def test_recorded_version_is_the_installed_one():
