@@ -95,6 +95,11 @@ def check_combinations(cfg: MaspoConfig) -> None:
         raise ValueError(f"rollout.max_staleness={cfg.rollout.max_staleness} needs loss.tis_cap "
                          "(e.g. 2.0: truncated IS against the stale rollout log-probs) or another "
                          "loss.rollout_correction.mode (token_mask, icepop, seq_mask)")
+    if cfg.rollout.vllm_quantization and not cfg.loss.corrects_rollout:
+        raise ValueError(f"rollout.vllm_quantization={cfg.rollout.vllm_quantization!r} samples from a quantised "
+                         "policy, not the trained one: it needs loss.tis_cap (truncated IS against the "
+                         "engine's log-probs) or another loss.rollout_correction.mode (token_mask, icepop, "
+                         "seq_mask)")
 
 
 def _check_disaggregated(cfg: MaspoConfig) -> None:

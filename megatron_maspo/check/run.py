@@ -34,28 +34,24 @@ what the trainer's TE build names them.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from megatron_maspo.check.pools import check_process_groups, shm_line
+from megatron_maspo.check.ranks import build_options, check_all_ranks
 from megatron_maspo.check.steps import (
     CheckError,
     check_bucket_plan,
     check_checkpoint_cover,
     check_memory,
-    check_names,
     check_placement,
     check_pool_placement,
     check_stage_manifest,
     export_manifest,
-    rank_counts,
-    sharded_shards,
-    stage_manifest,
 )
-from megatron_maspo.check.world import build_meta_chunks, coordinates, fake_rank
+from megatron_maspo.check.world import coordinates
 from megatron_maspo.parallel.group_plan import plan_groups
 from megatron_maspo.rollout.buckets import dtype_size
 
@@ -83,25 +79,14 @@ def documented_layout(cfg) -> tuple[int, int]:
     return max(1, world // g), g
 
 
-def _build_options(cfg, spec):
-    """The trainer's ``ModelBuildOptions`` for ``cfg`` (``train/actor/inference.actor_build_options``), on the meta
-    device; with the TE backend the local spec stands in (names renamed later). Returns (opts, te, grouped)."""
-    from megatron_maspo.model.provider import moe_grouped_gemm
-    from megatron_maspo.train.actor.inference import actor_build_options
-
-    te = cfg.model.attention_backend == "te"
-    built = cfg if not te else dataclasses.replace(cfg, model=dataclasses.replace(cfg.model,
-                                                                                 attention_backend="packed_sdpa"))
-    opts = dataclasses.replace(actor_build_options(built.model, built.parallel, spec), use_cpu_initialization=False)
-    grouped = moe_grouped_gemm(dataclasses.replace(opts, use_te=True))
-    return opts, te, grouped
-
-
-def check_config(cfg, *, nodes: int, gpus_per_node: int, gpu_mem_gb: float = 80.0,
-                 node_shm_gb: float | None = None, echo: Callable[[str], None] | None = None) -> CheckResult:
+def check_config(cfg, *, nodes: int, gpus_per_node: int, gpu_mem_gb: float | None = None,
+                 node_shm_gb: float | None = None, echo: Callable[[str], None] | None = None,
+                 jobs: int | None = None) -> CheckResult:
     """Run every step for ``cfg`` on ``nodes x gpus_per_node`` GPUs; see the module docstring.
 
     ``node_shm_gb``: ``/dev/shm`` a node offers, checked against the rollout pool's staging (None: printed only).
+    ``gpu_mem_gb``: GPU memory for the memory plan; None: that of ``cfg.parallel.gpu``.
+    ``jobs``: worker processes for the ranks' builds (``check/ranks.py``); None: this machine's cores.
     """
     res = CheckResult()
 
@@ -111,18 +96,18 @@ def check_config(cfg, *, nodes: int, gpus_per_node: int, gpu_mem_gb: float = 80.
             echo(line)
 
     try:
-        _run(cfg, nodes, gpus_per_node, gpu_mem_gb, node_shm_gb, say)
+        _run(cfg, nodes, gpus_per_node, gpu_mem_gb, node_shm_gb, say, jobs)
     except CheckError as e:
         res.error = e
         say(f"FAIL {e}")
     return res
 
 
-def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, node_shm_gb: float | None,
-         say: Callable[[str], None]) -> None:
+def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float | None, node_shm_gb: float | None,
+         say: Callable[[str], None], jobs: int | None = None) -> None:
     from megatron_maspo.launch.plan.estimator import arch_of, estimate, layout_of
     from megatron_maspo.launch.plan.model import local_params
-    from megatron_maspo.launch.plan.types import Assumptions
+    from megatron_maspo.launch.plan.types import gpu_assumptions
     from megatron_maspo.rollout.fleet import build_fleet
     from megatron_maspo.rollout.weight_sync import bucket_bytes_from_mb
 
@@ -143,27 +128,13 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, node_shm_gb: fl
         raise CheckError("layout", f"{nodes} x {gpus_per_node} GPUs{pool}: {e}") from None
     spec = arch_of(cfg)
     t0 = time.perf_counter()
-    opts, te, grouped = _build_options(cfg, spec)
+    _, te, grouped = build_options(cfg, spec)
     say(f"model: {cfg.model.arch or cfg.model.source} ({spec.num_parameters() / 1e9:.2f} B parameters), "
         f"{'TE (recorded names)' if te else 'local'} spec, on {nodes} x {gpus_per_node} GPUs: tp={p.tp} "
         f"pp={p.pp} ep={p.ep} cp={p.cp}, {len(coords)} distinct model-parallel ranks"
         + (f" in the training pool of {trainers} GPUs ({world - trainers} engine GPUs)" if pools else ""))
-    vocab_rows = spec.padded_vocab_size(p.tp, cfg.model.make_vocab_size_divisible_by)
-    n_local = n_te = 0
-    counts, shards, stages = [], [], {}
-    for c in coords:
-        where = f"rank {c.rank} (tp {c.tp}, pp {c.pp}, ep {c.ep}, cp {c.cp})"
-        kw = dict(tp=p.tp, ep=p.ep, ep_rank=c.ep, vocab_rows=vocab_rows, where=where)
-        with fake_rank(trainers, c, tp=p.tp, pp=p.pp, ep=p.ep, cp=p.cp, vpp=p.vpp):
-            chunks = build_meta_chunks(spec, opts, c.pp)
-            if not te:
-                n_local += check_names(chunks, spec, **kw)
-            n_te += check_names(chunks, spec, te=True, grouped=grouped, **kw)
-            counts.append(rank_counts(chunks))
-            stages[c.pp] = stage_manifest(chunks)  # identical for every rank of one stage
-            shards += list(sharded_shards(chunks))  # needs the rank's parallel state (its DP group)
-        del chunks
-        gc.collect()
+    built = check_all_ranks(cfg, spec, coords, trainers, jobs=jobs)
+    n_local, n_te, counts, shards, stages = built.n_local, built.n_te, built.counts, built.shards, built.stages
     grouped_note = f" (TE experts: grouped GEMM {'on' if grouped else 'off'})" if spec.is_moe else ""
     names = (f"{n_te} TE-spec names" if te else f"{n_local} local-spec names, {n_te} TE-spec names") + grouped_note
     say(f"ok   tables: {names} resolve both ways with the shapes the HF tensors imply "
@@ -205,7 +176,8 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, node_shm_gb: fl
     sync_bytes = sum(math.prod(shape) * dtype_size(dt) for _, dt, shape in manifest)
     say(shm_line(cfg.rollout, sync_bytes, [e.node for e in placed], dtype, node_shm_gb=node_shm_gb))
     lay = layout_of(cfg)
-    hw = Assumptions(gpu_mem_gb=gpu_mem_gb)
+    # the GPU the recipe is sized for (parallel.gpu); --gpu-mem-gb overrides its memory
+    hw = gpu_assumptions(cfg.parallel.gpu, **({} if gpu_mem_gb is None else {"gpu_mem_gb": gpu_mem_gb}))
     if pools is None:
         plan = estimate(cfg, spec, lay, nodes=nodes, gpus_per_node=gpus_per_node, hw=hw)
     else:
@@ -217,9 +189,9 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float, node_shm_gb: fl
     planned = local_params(spec, lay, cfg.model.make_vocab_size_divisible_by)
     off = check_memory(plan, counts, planned, cfg)
     worst = max(counts, key=lambda k: k.dense + k.expert)
-    peak = (f"peak {plan.memory.peak:.1f} of {gpu_mem_gb:g} GiB" if pools is None else
+    peak = (f"peak {plan.memory.peak:.1f} of {hw.gpu_mem_gb:g} GiB" if pools is None else
             f"peak per training GPU {plan.memory.peak:.1f} (the trainer's own: no engine on it), per engine GPU "
-            f"{plan.engine.peak:.1f} (the engine's own) of {gpu_mem_gb:g} GiB")
+            f"{plan.engine.peak:.1f} (the engine's own) of {hw.gpu_mem_gb:g} GiB")
     say(f"ok   memory plan: largest rank {worst.dense + worst.expert:,} parameters = the planner's; {peak}; "
         "offloaded per GPU " + (", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in off.items() if v) or "nothing"))
 

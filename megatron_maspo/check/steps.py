@@ -34,7 +34,10 @@ class CheckError(Exception):
 
     def __init__(self, step: str, message: str) -> None:
         super().__init__(f"[{step}] {message}")
-        self.step = step
+        self.step, self.message = step, message
+
+    def __reduce__(self):  # raised in a worker process of check/ranks.py: rebuilt from both fields
+        return (CheckError, (self.step, self.message))
 
 
 @dataclass

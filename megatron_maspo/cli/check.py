@@ -28,10 +28,13 @@ def add_parser(subparsers) -> None:
     add_config_args(p)
     p.add_argument("--nodes", type=int, default=None, help="nodes (default: the recipe's documented layout)")
     p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default 8, or the world if smaller)")
-    p.add_argument("--gpu-mem-gb", type=float, default=80.0, help="GPU memory in GiB for the memory plan (default 80)")
+    p.add_argument("--gpu-mem-gb", type=float, default=None,
+                   help="GPU memory in GiB for the memory plan (default: that of the recipe's parallel.gpu)")
     p.add_argument("--shm-gb", type=float, default=None,
                    help="/dev/shm per node in GiB: fail when the rollout pool's vLLM staging needs more "
                         "(default: print the need only)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="worker processes building the ranks when there are many (default: this machine's cores)")
     p.set_defaults(run=run)
 
 
@@ -51,5 +54,5 @@ def run(args: argparse.Namespace) -> int:
     if nodes < 1 or gpus < 1:
         raise ConfigError(f"--nodes and --gpus-per-node must be >= 1, got {nodes}, {gpus}")
     res = check_config(cfg, nodes=nodes, gpus_per_node=gpus, gpu_mem_gb=args.gpu_mem_gb,
-                       node_shm_gb=args.shm_gb, echo=print)
+                       node_shm_gb=args.shm_gb, echo=print, jobs=args.jobs)
     return 0 if res.ok else 1

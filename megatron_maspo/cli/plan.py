@@ -7,7 +7,7 @@ A layout that is invalid or does not fit is refused with the reasons, and the ne
 Formulas and assumptions: ``megatron_maspo/launch/plan/estimator.py``.
 
     maspo plan r1_distill_qwen_7b_maspo --nodes 4 --gpus-per-node 8
-    maspo plan llama3_70b_maspo --nodes 8 --gpus-per-node 8 --gpu-mem-gb 141 --hbm-tb-s 4.8   # H200
+    maspo plan llama3_70b_maspo --nodes 8 --gpus-per-node 8 --set parallel.gpu=h200          # H200
     maspo plan r1_distill_qwen_14b_maspo --nodes 2 --set parallel.tp=2                          # refused?
     maspo plan r1_distill_qwen_7b_maspo --nodes 4 --response-mean 2500 --response-max 8192      # measured lengths
     maspo plan r1_distill_qwen_7b_maspo --nodes 4 --set train.offload_optimizer=true          # host memory it needs
@@ -38,9 +38,12 @@ def add_parser(subparsers) -> None:
     add_config_args(p)
     p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
-    p.add_argument("--gpu-mem-gb", type=float, default=80.0, help="GPU memory in GiB (default 80)")
-    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak per GPU (default 989)")
-    p.add_argument("--hbm-tb-s", type=float, default=3.35, help="HBM bandwidth TB/s (default 3.35)")
+    p.add_argument("--gpu-mem-gb", type=float, default=None,
+                   help="GPU memory in GiB (default: parallel.gpu's; h100 80, h200 139)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="dense bf16 peak per GPU (default: parallel.gpu's; 989 for both)")
+    p.add_argument("--hbm-tb-s", type=float, default=None,
+                   help="HBM bandwidth TB/s (default: parallel.gpu's; h100 3.35, h200 4.8)")
     p.add_argument("--mfu", type=float, default=0.35, help="trainer model-FLOPs utilisation (default 0.35)")
     p.add_argument("--moe-expert-mfu", type=float, default=0.03,
                    help="utilisation of routed-expert FLOPs (dispatch, grouped GEMM, imbalance; default 0.03)")
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         suggest,
     )
     from megatron_maspo.launch.plan.report import format_plan
-    from megatron_maspo.launch.plan.types import Assumptions
+    from megatron_maspo.launch.plan.types import gpu_assumptions
 
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise ConfigError(f"--nodes and --gpus-per-node must be >= 1, got {args.nodes}, {args.gpus_per_node}")
@@ -109,12 +112,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--internode-gb-s must be > 0 GB/s, got {args.internode_gb_s}")
     if args.staleness is not None and args.staleness < 0:
         raise ConfigError(f"--staleness must be >= 0, got {args.staleness}")
-    hw = Assumptions(gpu_mem_gb=args.gpu_mem_gb, peak_tflops=args.peak_tflops, hbm_tb_s=args.hbm_tb_s,
-                     mfu=args.mfu, moe_expert_mfu=args.moe_expert_mfu, decode_bw_eff=args.decode_eff,
-                     decode_step_ms=args.decode_step_ms,
-                     sync_gb_s=args.sync_gb_s, internode_gb_s=args.internode_gb_s, prompt_mean=args.prompt_mean,
-                     response_mean=args.response_mean, response_max=args.response_max,
-                     controller_gb_s=args.controller_gb_s)
+    # the GPU the recipe is sized for (parallel.gpu, e.g. --set parallel.gpu=h200); explicit figures win
+    figures = {k: getattr(args, k) for k in ("gpu_mem_gb", "peak_tflops", "hbm_tb_s") if getattr(args, k) is not None}
+    hw = gpu_assumptions(cfg.parallel.gpu, **figures, mfu=args.mfu, moe_expert_mfu=args.moe_expert_mfu,
+                         decode_bw_eff=args.decode_eff, decode_step_ms=args.decode_step_ms,
+                         sync_gb_s=args.sync_gb_s, internode_gb_s=args.internode_gb_s,
+                         prompt_mean=args.prompt_mean, response_mean=args.response_mean,
+                         response_max=args.response_max, controller_gb_s=args.controller_gb_s)
     spec = arch_of(cfg)
     print(f"model: {cfg.model.arch or cfg.model.source} ({spec.num_parameters() / 1e9:.2f} B parameters) on "
           f"{args.nodes} x {args.gpus_per_node} GPUs of {hw.gpu_mem_gb:.0f} GiB")

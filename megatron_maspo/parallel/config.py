@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+GPU_TYPES = ("h100", "h200")
+"""GPUs the planner has figures for (``launch/plan/types.py::GPU_FIGURES``)."""
 
 
 @dataclass(kw_only=True)
@@ -42,11 +44,16 @@ class ParallelConfig:
     ``distributed_optimizer`` and ``overlap_grad_reduce``; None = on exactly then (GPU, dp > 1)."""
     world_size: int = 1
     """Processes the job runs on (nodes x GPUs per node); set by the launcher, 1 on the CPU default."""
+    gpu: str = "h100"
+    """The GPU the layout is sized for: ``maspo plan`` and ``maspo check`` take its memory, bf16 peak and HBM
+    bandwidth from it (``"h100"``: H100 SXM 80 GB; ``"h200"``: H200 SXM 141 GB). The trainer does not read it."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "ep", "cp", "world_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
+        if self.gpu not in GPU_TYPES:
+            raise ValueError(f"parallel.gpu={self.gpu!r}; accepted: {list(GPU_TYPES)}")
         if self.cp_comm_type not in CP_COMM_TYPES:
             raise ValueError(f"parallel.cp_comm_type={self.cp_comm_type!r}; accepted: {CP_COMM_TYPES}")
         if self.vpp is not None and (self.vpp < 2 or self.pp < 2):

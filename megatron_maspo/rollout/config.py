@@ -11,6 +11,7 @@ TRANSPORTS = ("ipc", "bytes")
 PLACEMENTS = ("colocated", "disaggregated")
 SYNC_SENDERS = ("stages", "rank0")
 SYNC_TRANSPORTS = ("broadcast", "p2p")
+QUANTIZATIONS = (None, "fp8")
 
 
 @dataclass(kw_only=True)
@@ -51,6 +52,14 @@ class RolloutConfig:
     size starts anywhere with a few GB free (512 MiB holds 8192 fp32 tokens of SmolLM2-135M)."""
     vllm_tp: int = 1
     """vLLM only: the engine's own tensor-parallel size."""
+    vllm_quantization: str | None = None
+    """vLLM only: ``"fp8"`` serves the policy with FP8 (e4m3) linear weights, quantised by vLLM as each sync
+    loads the trainer's bf16 export (vLLM's online dynamic FP8: ``quantization="fp8"`` on an unquantised
+    checkpoint; its layer-wise reload re-runs the quantisation after every update). Halves the engine's
+    weight memory and decode reads (embeddings, LM head, norms and routers stay bf16); the rollout policy is
+    then not the trained one, so it needs a rollout correction (``loss.tis_cap`` or
+    ``loss.rollout_correction.mode``), and the held-weight verification (``verify_every``) is off: the
+    engine holds FP8 bytes, not the export (docs/fp8-rollout.md). None: the trainer's dtype."""
     sleep_level: int = 2
     """Engine sleep between a rollout and the next weight sync (colocation): 2 drops weights and KV cache
     (they are re-synced anyway), 1 offloads weights and drops the KV cache."""
@@ -138,6 +147,16 @@ class RolloutConfig:
             raise ValueError(f"rollout.pool_timeout_s must be > 0, got {self.pool_timeout_s}")
         if self.in_flight_chunk_tokens < 0:
             raise ValueError(f"rollout.in_flight_chunk_tokens must be >= 0, got {self.in_flight_chunk_tokens}")
+        if self.vllm_quantization not in QUANTIZATIONS:
+            raise ValueError(f"rollout.vllm_quantization={self.vllm_quantization!r}; accepted: "
+                             f"{list(QUANTIZATIONS)}")
+        if self.vllm_quantization and self.engine != "vllm":
+            raise ValueError(f"rollout.vllm_quantization={self.vllm_quantization!r} needs rollout.engine=vllm "
+                             f"(the {self.engine} engine serves the trainer's dtype)")
+        if self.vllm_quantization and self.verify_every:
+            raise ValueError(f"rollout.verify_every={self.verify_every} with rollout.vllm_quantization="
+                             f"{self.vllm_quantization!r}: the engine holds quantised weights, not the trainer's "
+                             "export, so there is nothing bit-exact to compare; set verify_every=0")
         if self.sleep_level not in (1, 2):
             raise ValueError(f"rollout.sleep_level={self.sleep_level}; accepted: 1, 2")
 
@@ -148,9 +167,11 @@ class RolloutConfig:
 
     @property
     def verify_every_resolved(self) -> int:
-        """:attr:`verify_every` with None resolved: 64 where CUDA is present, else 1."""
+        """:attr:`verify_every` with None resolved: 0 for a quantised engine, 64 where CUDA is present, else 1."""
         if self.verify_every is not None:
             return self.verify_every
+        if self.vllm_quantization:
+            return 0
         from megatron_maspo.parallel.device import on_cuda
 
         return 64 if on_cuda() else 1

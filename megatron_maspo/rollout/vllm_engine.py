@@ -64,6 +64,14 @@ def vllm_tp_size() -> int:
     return get_tensor_model_parallel_world_size()
 
 
+def quantization_kwargs(rollout: Any) -> dict[str, Any]:
+    """``vllm.LLM`` arguments for ``rollout.vllm_quantization``: ``{"quantization": "fp8"}`` asks vLLM for
+    online dynamic FP8 (weights quantised per tensor as they load, activations per token at run time, since
+    the checkpoint it is given is unquantised); each sync's layer-wise reload restores the bf16 layout,
+    loads the export and quantises again (``vllm/model_executor/model_loader/reload``). Empty: unquantised."""
+    return {"quantization": rollout.vllm_quantization} if rollout.vllm_quantization else {}
+
+
 class VllmEngine:
     """Rollout engine over ``vllm.LLM`` (implements :class:`~.types.Engine`), token ids in and out.
 
@@ -175,7 +183,8 @@ class VllmEngine:
                    gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
                    cpu_kv_cache_bytes=rollout.vllm_cpu_kv_cache_mb * 2**20,
                    tensor_parallel_size=rollout.vllm_tp, transport=rollout.weight_transport,
-                   gpus=gpus, seed_per_request=seed_per_request, sleep_mode=sleep_mode)
+                   gpus=gpus, seed_per_request=seed_per_request, sleep_mode=sleep_mode,
+                   **quantization_kwargs(rollout))
 
     @property
     def policy_version(self) -> int:

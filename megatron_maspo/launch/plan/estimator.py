@@ -12,7 +12,9 @@ Memory (GiB = 2^30 bytes, per GPU, on the worst pipeline stage; P_l = parameters
     logprob     = min(B, N * V_pad / tp * (e + 8))  the fused log-prob workspace: B = train.logprob_chunk_bytes
                                                   (default 256 MiB), or less when the whole micro-batch fits
     engine      = u * M                           colocated vLLM: gpu_memory_utilization x GPU memory
-                                                  (its weights 2 * P / vllm_tp + paged KV cache fill it)
+                                                  (its weights 2 * P / vllm_tp + paged KV cache fill it;
+                                                  rollout.vllm_quantization='fp8': 1 byte per linear weight,
+                                                  model.py::engine_weight_bytes)
 
     attention   = what model.attention_backend adds beyond ``activations`` (N = row length S, n_t = n_h/tp):
                   packed_sdpa / te: 0 (flash kernels: q, k, v, output, logsumexp are linear, in ``a``)
@@ -102,6 +104,8 @@ from megatron_maspo.launch.plan.model import (
     active_params,
     cache_bytes_per_sequence,
     dense_attention_bytes,
+    engine_expert_bytes,
+    engine_weight_bytes,
     expert_active_params,
     gemm_mfu,
     kv_bytes_per_token,
@@ -273,7 +277,7 @@ def _engine_bytes(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, wor
                   hw: Assumptions) -> tuple[float, float, float]:
     """(engine share, its weights, its KV pool) in bytes per GPU."""
     ro, tr = cfg.rollout, cfg.train
-    engine_w = 2 * spec.num_parameters() / lay.vllm_tp
+    engine_w = engine_weight_bytes(spec, lay.vllm_tp, ro.vllm_quantization)
     if engines.reserves_gpu_share(ro):
         engine = ro.vllm_gpu_memory_utilization * hw.gpu_mem_gb * GIB
         kv_pool = engine - engine_w - hw.engine_overhead_gb * GIB
@@ -389,14 +393,17 @@ def _generation(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, fleet
     if spec.is_moe:
         assert spec.num_moe_experts and spec.moe_ffn_hidden_size
         e, k = spec.num_moe_experts, spec.moe_router_topk
-        w_exp = 2 * spec.num_layers * e * 3 * spec.hidden_size * spec.moe_ffn_hidden_size / lay.vllm_tp
+        w_exp = engine_expert_bytes(spec, lay.vllm_tp, ro.vllm_quantization)  # MoE layers only
         w_full = engine_w - w_exp * (1 - moe_touched_fraction(conc, e, k))
         w_tail = engine_w - w_exp * (1 - moe_touched_fraction(1, e, k))
     load = EngineLoad(seqs=per_engine, conc=conc, prompt=sh.avg_prompt, mean=sh.avg_resp, tail=sh.tail,
                       weight_bytes_full=w_full, weight_bytes_tail=w_tail, kv_token_bytes=kvpt,
                       active_params=active_params(spec), vllm_tp=lay.vllm_tp)
+    # FP8 W8A8 GEMMs run at twice the bf16 tensor peak on Hopper (H100/H200 SXM datasheet: 1,979 vs 989
+    # dense TFLOP/s); the planner applies that to the engine's prefill and compute bound only
+    peak = hw.peak_tflops * (2 if ro.vllm_quantization == "fp8" else 1)
     return generation_seconds(load, hbm_tb_s=hw.hbm_tb_s, decode_eff=hw.decode_bw_eff,
-                              peak_tflops=hw.peak_tflops, mfu=hw.mfu, step_fixed_s=hw.decode_step_ms * 1e-3)
+                              peak_tflops=peak, mfu=hw.mfu, step_fixed_s=hw.decode_step_ms * 1e-3)
 
 
 def _grading_seconds(cfg: MaspoConfig, fleet: FleetLayout | None, n_seqs: int, hw: Assumptions) -> float:
@@ -448,7 +455,7 @@ def suggest(cfg: MaspoConfig, spec: ArchSpec, *, nodes: int, gpus_per_node: int,
     base = layout_of(cfg)
     tps = [t for t in (1, 2, 4, 8) if t <= gpus_per_node]
     pps = _divisors(spec.num_layers, 16)
-    eps = _divisors(spec.num_moe_experts, 64) if spec.is_moe else [1]
+    eps = [e for e in _divisors(spec.num_moe_experts, 256) if e & (e - 1) == 0] if spec.is_moe else [1]
     best: tuple[tuple[int, float], Plan] | None = None
     for tp, pp, ep, rc, do, vtp in itertools.product(tps, pps, eps, (None, "selective", "full"),
                                                      (False, True), tps):

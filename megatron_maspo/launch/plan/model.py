@@ -123,6 +123,42 @@ def cache_bytes_per_sequence(spec: ArchSpec, vllm_tp: int, tokens: float) -> flo
     return tokens * kv_bytes_per_token(spec, vllm_tp) + recurrent_state_bytes(spec, vllm_tp)
 
 
+ENGINE_WEIGHT_BYTES = {None: 2.0, "fp8": 1.0}
+"""Bytes per quantised weight element on an engine (``rollout.vllm_quantization``): bf16, or FP8 e4m3 with
+one fp32 scale per weight tensor (vLLM's online dynamic FP8, ``Fp8LinearMethod`` / ``Fp8MoEMethod`` with
+an unserialised checkpoint: per-tensor weight scales; the scales are a few bytes per tensor, not counted)."""
+
+
+def engine_unquantised_params(spec: ArchSpec) -> float:
+    """Parameters an FP8 engine keeps in bf16: the embedding and LM head (vLLM's vocab layers take no FP8
+    method), the routers (the MoE gate is built without a quantisation config) and the norms."""
+    h = spec.hidden_size
+    emb = spec.vocab_size * h * (1 if spec.tie_word_embeddings else 2)
+    routers = sum(spec.is_moe_layer(i) for i in range(spec.num_layers)) * h * (spec.num_moe_experts or 0)
+    return float(emb + routers + (2 * spec.num_layers + 1) * h)
+
+
+def engine_weight_bytes(spec: ArchSpec, vllm_tp: int, quantization: str | None = None) -> float:
+    """Weight bytes one engine GPU holds (and a decode step reads at most): ``1/vllm_tp`` of the model,
+    bf16, or FP8 for every linear weight under ``quantization="fp8"`` (:data:`ENGINE_WEIGHT_BYTES`)."""
+    p = float(spec.num_parameters())
+    if not quantization:
+        return 2 * p / vllm_tp
+    kept = engine_unquantised_params(spec)
+    return (2 * kept + ENGINE_WEIGHT_BYTES[quantization] * (p - kept)) / vllm_tp
+
+
+def engine_expert_bytes(spec: ArchSpec, vllm_tp: int, quantization: str | None = None) -> float:
+    """Routed-expert weight bytes one engine GPU holds (the part of :func:`engine_weight_bytes` a decode
+    step reads only for the experts its tokens touch); 0 for dense models."""
+    if not spec.is_moe:
+        return 0.0
+    assert spec.num_moe_experts and spec.moe_ffn_hidden_size
+    n_moe = sum(spec.is_moe_layer(i) for i in range(spec.num_layers))
+    per = ENGINE_WEIGHT_BYTES[quantization] if quantization else 2.0
+    return per * n_moe * spec.num_moe_experts * 3 * spec.hidden_size * spec.moe_ffn_hidden_size / vllm_tp
+
+
 def active_params(spec: ArchSpec) -> float:
     """Parameters touched per token in a forward (LM head yes, embedding lookup no; top-k experts)."""
     p = spec.num_parameters()

@@ -79,6 +79,23 @@ class Assumptions:
     """Average response length as a fraction of ``rollout.max_new_tokens``."""
 
 
+GPU_FIGURES: dict[str, dict[str, float]] = {
+    # H100 SXM 80 GB: 989 dense bf16 TFLOP/s, 3.35 TB/s HBM3 (NVIDIA H100 datasheet)
+    "h100": dict(gpu_mem_gb=80.0, peak_tflops=989.0, hbm_tb_s=3.35),
+    # H200 SXM: the same GPU die (989 dense bf16 TFLOP/s) with 141 GB of HBM3e at 4.8 TB/s (NVIDIA H200
+    # datasheet); 139 GiB is what the planner counts as usable (the driver reports about 140 GiB)
+    "h200": dict(gpu_mem_gb=139.0, peak_tflops=989.0, hbm_tb_s=4.8),
+}
+"""Per-GPU figures by ``parallel.gpu``; the other :class:`Assumptions` fields do not depend on the GPU."""
+
+
+def gpu_assumptions(gpu: str, **overrides) -> Assumptions:
+    """:class:`Assumptions` for ``gpu`` (a ``GPU_FIGURES`` key), any field overridden by ``overrides``."""
+    if gpu not in GPU_FIGURES:
+        raise ValueError(f"unknown GPU {gpu!r}; accepted: {sorted(GPU_FIGURES)}")
+    return Assumptions(**{**GPU_FIGURES[gpu], **overrides})
+
+
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """The knobs the planner searches over."""

@@ -71,6 +71,14 @@ FAMILY = ModelFamily(
                               qk_layernorm=True, tie_word_embeddings=False, num_moe_experts=128,
                               moe_ffn_hidden_size=768, moe_router_topk=8, moe_norm_topk_prob=True,
                               extra={"bos_token_id": 151643, "eos_token_id": 151645}),
+        # Qwen/Qwen3-235B-A22B (235 B total, 22 B active; 94 layers, GQA 64/4 heads of 128, QK-norm,
+        # 128 experts of 1536 top-8, normalised top-k, untied)
+        "qwen3-235b-a22b": dict(num_layers=94, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=64,
+                                num_query_groups=4, kv_channels=128, vocab_size=151936,
+                                max_position_embeddings=40960, rotary_base=1000000.0, layernorm_epsilon=1e-6,
+                                qk_layernorm=True, tie_word_embeddings=False, num_moe_experts=128,
+                                moe_ffn_hidden_size=1536, moe_router_topk=8, moe_norm_topk_prob=True,
+                                extra={"bos_token_id": 151643, "eos_token_id": 151645}),
     },
     planning_layouts={
         # A DeepSeek-MoE-style fine-grained-expert layout (16.9 B total, 2.6 B active): 64 small routed

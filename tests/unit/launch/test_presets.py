@@ -21,6 +21,7 @@ PUBLISHED = {
     "llama3.3-70b": 70_553_706_496,
     "qwen3-32b": 32_762_123_264,  # from config.json shapes; the model card rounds to 32.8 B
     "qwen3-30b-a3b": 30_532_122_624,
+    "qwen3-235b-a22b": 235_093_634_560,  # transformers' Qwen3MoeForCausalLM for this config.json; card: 235 B
     "smollm2-135m": 134_515_008,
     # Qwen3.5: text model from the config shapes (transformers' count); vision tower and MTP excluded
     "qwen3.5-9b": 8_953_803_264,
@@ -35,7 +36,7 @@ PUBLISHED = {
     # biases; the MTP layer, passed through by conversion, is not built): the published 671 B
     "deepseek-v3": 671_026_419_200,
 }
-CARD_TOTALS = {"glm-4.5-air": 106e9, "deepseek-v3": 671e9}
+CARD_TOTALS = {"glm-4.5-air": 106e9, "deepseek-v3": 671e9, "qwen3-235b-a22b": 235e9}
 """Totals as the model cards round them; a preset must be within 2% (the issue's bar)."""
 
 
@@ -64,7 +65,7 @@ def test_transformers_counts_the_same_parameters():
     import torch
     import transformers
 
-    for name in ("r1-distill-qwen-1.5b", "qwen3-30b-a3b"):
+    for name in ("r1-distill-qwen-1.5b", "qwen3-30b-a3b", "qwen3-235b-a22b"):
         spec = get_preset(name)
         cfg = transformers.AutoConfig.for_model(**hf_config_dict(spec))
         with torch.device("meta"):

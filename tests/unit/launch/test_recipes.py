@@ -8,6 +8,7 @@ import re
 import pytest
 
 from megatron_maspo.launch.plan import arch_of, estimate, layout_of
+from megatron_maspo.launch.plan.types import gpu_assumptions
 from megatron_maspo.recipes.base import ADV_REWEIGHT, SETTINGS, SIZES, TABLE1
 from megatron_maspo.recipes.registry import list_recipes, load_recipe
 
@@ -19,7 +20,8 @@ PAPER = [r for r in CLUSTER if r.startswith("r1_distill_qwen")]
 def test_expected_recipes_exist():
     for name in ("r1_distill_qwen_1p5b_maspo", "r1_distill_qwen_7b_maspo", "r1_distill_qwen_14b_maspo",
                  "r1_distill_qwen_1p5b_grpo", "r1_distill_qwen_7b_grpo", "r1_distill_qwen_14b_grpo",
-                 "qwen25_7b_maspo", "llama3_70b_maspo", "qwen3_30b_a3b_maspo"):
+                 "qwen25_7b_maspo", "llama3_70b_maspo", "qwen3_30b_a3b_maspo", "glm45_air_maspo",
+                 "deepseek_v3_maspo", "qwen3_235b_a22b_maspo"):
         assert name in CLUSTER
 
 
@@ -29,9 +31,10 @@ def test_recipe_fits_its_intended_cluster(name):
     assert cfg.model.arch and cfg.model.source.startswith("/models/")
     nodes, rem = divmod(cfg.parallel.world_size, 8)
     assert rem == 0 and nodes >= 1
-    plan = estimate(cfg, arch_of(cfg), layout_of(cfg), nodes=nodes, gpus_per_node=8)
+    hw = gpu_assumptions(cfg.parallel.gpu)  # the GPU the recipe is sized for (H100 unless it says)
+    plan = estimate(cfg, arch_of(cfg), layout_of(cfg), nodes=nodes, gpus_per_node=8, hw=hw)
     assert plan.fits, plan.reasons
-    assert plan.memory.peak <= 80 and plan.kv_seqs >= 1
+    assert plan.memory.peak <= hw.gpu_mem_gb and plan.kv_seqs >= 1
 
 
 @pytest.mark.parametrize("name", PAPER)
