@@ -46,7 +46,8 @@ def add_parser(subparsers) -> None:
                    help="HBM bandwidth TB/s (default: parallel.gpu's; h100 3.35, h200 4.8)")
     p.add_argument("--mfu", type=float, default=0.35, help="trainer model-FLOPs utilisation (default 0.35)")
     p.add_argument("--moe-expert-mfu", type=float, default=0.03,
-                   help="utilisation of routed-expert FLOPs (dispatch, grouped GEMM, imbalance; default 0.03)")
+                   help="utilisation of routed-expert FLOPs (grouped GEMM, imbalance; the EP all-to-all is its own "
+                        "term; default 0.03)")
     p.add_argument("--decode-eff", type=float, default=0.45,
                    help="fraction of HBM bandwidth a decode step achieves, overheads included (default 0.45)")
     p.add_argument("--decode-step-ms", type=float, default=2.0,

@@ -69,6 +69,11 @@ none. Step time (seconds per rollout step) from FLOPs and bandwidth, with the ef
     offload     = 2 * offloaded bytes / host_gb_s     out before generation, back before the update
     grading     = responses of the most loaded engine / (reward.num_workers * grade_items_per_s)
     context parallelism adds its exposed ring K/V exchange to old-logprob and update (launch/plan/cp.py)
+    expert parallelism adds the MoE token all-to-all, not overlapped, to both (launch/plan/moe_comm.py):
+                  per pass L_moe (2 max(b (1 - f) / bw_nvlink, b f / bw_ib) + 3 M lat), b = t k h e (ep - 1) / ep,
+                  t = n s / (dp cp tp) tokens per GPU, f = share of EP peers off-node; x2 in the update
+                  (forward + backward), x3 with full recompute; moe_expert_mfu then covers only the grouped
+                  GEMMs and load imbalance
     controller  = with Assumptions.controller_gb_s only: a single-controller framework's data shipping per
                   log-prob and train call, added to old-logprob and update (launch/plan/dispatch.py)
 
@@ -111,6 +116,7 @@ from megatron_maspo.launch.plan.model import (
     kv_bytes_per_token,
     local_params,
 )
+from megatron_maspo.launch.plan.moe_comm import a2a_seconds
 from megatron_maspo.launch.plan.report import format_plan
 from megatron_maspo.launch.plan.rollout import (
     EngineLoad,
@@ -348,7 +354,8 @@ def seq_second_moment(sh: _Shape) -> float:
 
 def _trainer_seconds(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, world: int, hw: Assumptions,
                      gpus_per_node: int) -> tuple[float, float]:
-    """(old-logprob, update) seconds per step: FLOPs at the MFUs, CP ring and controller dispatch added."""
+    """(old-logprob, update) seconds per step: FLOPs at the MFUs, CP ring, MoE all-to-all and controller
+    dispatch added."""
     tr = cfg.train
     n_seqs, avg_seq = sh.n_seqs, sh.avg_seq
     f_fwd = 2 * active_params(spec) * n_seqs * avg_seq
@@ -367,6 +374,10 @@ def _trainer_seconds(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, 
                               gpus_per_node)
     ring_fwd = ring_f * sh.n_micro * tr.mini_batches_per_step * (spec.num_layers // lay.pp)
     ring_bwd = ring_b * sh.n_micro * tr.mini_batches_per_step * (spec.num_layers // lay.pp)
+    # MoE token all-to-all over EP (launch/plan/moe_comm.py): the step's tokens per data-parallel replica
+    a2a_f, a2a_b = a2a_seconds(spec, lay, n_seqs * avg_seq / (world // (lay.tp * lay.pp * lay.cp)), sh.elt, hw,
+                               gpus_per_node, micro_batches=sh.n_micro * tr.mini_batches_per_step)
+    ring_fwd, ring_bwd = ring_fwd + a2a_f, ring_bwd + a2a_b
     old_lp = (fwd_s + ring_fwd) * (2 if sh.has_ref else 1)
     update = fwd_s * (4 if lay.recompute == "full" else 3) + ring_fwd * (2 if lay.recompute == "full" else 1) \
         + ring_bwd

@@ -37,9 +37,10 @@ class Assumptions:
     """Micro-batch tokens (the GEMMs' M dimension) from which ``mfu`` holds (Megatron's published
     figures are at 4,096-token sequences)."""
     moe_expert_mfu: float = 0.03
-    """Utilisation of the MoE expert FLOPs (token dispatch / all-to-all, grouped GEMMs on small experts,
-    load imbalance). 0.03 puts Qwen3-30B-A3B's whole-model rate at ~56 TFLOP/s per GPU, inside the absolute
-    rate verl reports for its Megatron MoE actor (MFU 0.31-0.40 of a 148 TFLOP/s H20, 46-59 TFLOP/s)."""
+    """Utilisation of the routed-expert FLOPs: grouped GEMMs on small experts and load imbalance (the token
+    all-to-all is its own term, launch/plan/moe_comm.py). 0.03 puts Qwen3-30B-A3B's whole-model rate,
+    all-to-all included, at ~51 TFLOP/s per GPU, inside the absolute rate verl reports for its Megatron MoE
+    actor (MFU 0.31-0.40 of a 148 TFLOP/s H20, 46-59 TFLOP/s); docs/planner-calibration.md."""
     decode_bw_eff: float = 0.45
     """Fraction of HBM bandwidth a decode step turns into useful weight + KV reads, all per-step costs
     (scheduling, sampling, log-prob return, kernel launch gaps) included; docs/planner-calibration.md."""
@@ -60,13 +61,13 @@ class Assumptions:
     response_max: float | None = None
     """Longest response of one engine's batch (the straggler tail); None: rollout.max_new_tokens."""
     nvlink_gb_s: float = 150.0
-    """Point-to-point bandwidth between GPUs of one node (context-parallel ring), GB/s."""
+    """Point-to-point bandwidth between GPUs of one node (context-parallel ring, MoE all-to-all), GB/s."""
     internode_gb_s: float = 40.0
     """Point-to-point bandwidth between nodes per GPU (400 Gb/s InfiniBand at ~80%), GB/s."""
     host_gb_s: float = 20.0
     """Pinned host <-> GPU copy bandwidth per GPU for trainer offload (PCIe Gen5 x16, shared), GB/s."""
     p2p_latency_us: float = 20.0
-    """Fixed cost of one ring hop (launch + synchronisation), microseconds."""
+    """Fixed cost of one ring hop or one MoE all-to-all (launch + synchronisation), microseconds."""
     controller_gb_s: float | None = None
     """A single controller's batch (de)serialisation rate, GB/s (launch/plan/dispatch.py); None: no controller."""
     reserve_gb: float = 3.0
