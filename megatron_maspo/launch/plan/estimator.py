@@ -394,7 +394,8 @@ def _trainer_seconds(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, 
 
 def _generation(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, fleet: FleetLayout | None,
                 engine_w: float, kv_pool: float, hw: Assumptions) -> float:
-    """Seconds of the rollout phase on the most loaded engine (launch/plan/rollout.py)."""
+    """Seconds of the rollout phase on the most loaded engine (launch/plan/rollout.py); with
+    ``rollout.in_flight_updates`` (disaggregated) the straggler tail overlaps the next batch."""
     ro, tr = cfg.rollout, cfg.train
     kvpt = kv_bytes_per_token(spec, lay.vllm_tp)
     per_engine = max(fleet.shard_sizes(tr.prompts_per_step)) * ro.group_size if fleet else sh.n_seqs
@@ -414,7 +415,8 @@ def _generation(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, fleet
     # dense TFLOP/s); the planner applies that to the engine's prefill and compute bound only
     peak = hw.peak_tflops * (2 if ro.vllm_quantization == "fp8" else 1)
     return generation_seconds(load, hbm_tb_s=hw.hbm_tb_s, decode_eff=hw.decode_bw_eff,
-                              peak_tflops=peak, mfu=hw.mfu, step_fixed_s=hw.decode_step_ms * 1e-3)
+                              peak_tflops=peak, mfu=hw.mfu, step_fixed_s=hw.decode_step_ms * 1e-3,
+                              tail_overlapped=ro.disaggregated and ro.in_flight_updates)
 
 
 def _grading_seconds(cfg: MaspoConfig, fleet: FleetLayout | None, n_seqs: int, hw: Assumptions) -> float:

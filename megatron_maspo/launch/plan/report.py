@@ -100,6 +100,10 @@ def format_comparison(cmp, *, table: bool = False) -> str:
                      f"training GPUs, step {t.total:.0f} s (rollout {t.engine_side:.0f}, training "
                      f"{t.trainer_side:.0f}), {verdict}; {t.total_at(0):.0f} s at k=0")
         lines.append("  use: " + (" ".join(f"--set {o}" for o in sets) or "(this config)"))
+        if cmp.in_flight is not None and cmp.in_flight[0].time is not None:
+            f = cmp.in_flight[0].time
+            lines.append(f"  with rollout.in_flight_updates=true (the straggler tail overlaps the next batch): "
+                         f"step {f.total:.0f} s (rollout {f.engine_side:.0f}, training {f.trainer_side:.0f})")
     if table:
         lines.append(f"  {'R':>3} {'T':>3} {'engines':>7} {'rollout s':>9} {'training s':>10} {f'step k={k}':>9} "
                      f"{'step k=0':>8} {'peak GiB train/engine':>21}  verdict")

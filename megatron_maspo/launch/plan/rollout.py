@@ -107,14 +107,22 @@ def moe_touched_fraction(tokens: float, num_experts: int, topk: int) -> float:
 
 
 def generation_seconds(load: EngineLoad, *, hbm_tb_s: float, decode_eff: float, peak_tflops: float,
-                       mfu: float, step_fixed_s: float = 0.0) -> float:
-    """Seconds one engine needs for its share (module docstring formula)."""
+                       mfu: float, step_fixed_s: float = 0.0, tail_overlapped: bool = False) -> float:
+    """Seconds one engine needs for its share (module docstring formula).
+
+    ``tail_overlapped``: the engine does not wait for its batch's stragglers before the next batch
+    (``rollout.in_flight_updates``: an unfinished response continues into the next batch's decode steps,
+    under the new weights). The ``T - m`` steps in which only stragglers decode leave the batch's time; their
+    tokens still cost their KV reads (they ride along in later steps), so only the steps' fixed cost and
+    weight reads go.
+    """
     n, m, tail, p = load.seqs, load.mean, max(load.tail, load.mean), load.prompt
     waves = math.ceil(n / max(1, load.conc))
     steps_full = (waves - 1) * m + m
-    weights = steps_full * load.weight_bytes_full + (tail - m) * load.weight_bytes_tail
+    tail_steps = 0.0 if tail_overlapped else tail - m
+    weights = steps_full * load.weight_bytes_full + tail_steps * load.weight_bytes_tail
     kv = n * (p * m + length_second_moment(m, tail) / 2) * load.kv_token_bytes
-    decode = (steps_full + tail - m) * step_fixed_s + (weights + kv) / (hbm_tb_s * 1e12 * decode_eff)
+    decode = (steps_full + tail_steps) * step_fixed_s + (weights + kv) / (hbm_tb_s * 1e12 * decode_eff)
     flops_rate = load.vllm_tp * peak_tflops * 1e12 * mfu
     prefill = n * p * 2 * load.active_params / flops_rate
     return prefill + max(decode, n * m * 2 * load.active_params / flops_rate)

@@ -112,6 +112,9 @@ class PlacementComparison:
     splits: list[tuple[PoolPlan, tuple[str, ...]]] = field(default_factory=list)
     """Every split tried, with the ``--set`` overrides that select it."""
     staleness: int = 1
+    in_flight: tuple[PoolPlan, tuple[str, ...]] | None = None
+    """The best split again with ``rollout.in_flight_updates`` (the straggler tail overlaps the next batch);
+    None where the config cannot run it (routing replay)."""
 
     @property
     def best(self) -> tuple[PoolPlan, tuple[str, ...]] | None:
@@ -143,4 +146,11 @@ def compare_placements(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: 
         new = disaggregated_config(base, r, staleness=k, engine_fraction=frac)
         plan = estimate_disaggregated(new, spec, lay, nodes=nodes, gpus_per_node=gpus_per_node, hw=hw)
         splits.append((plan, tuple(split_overrides(cfg, new))))
-    return PlacementComparison(colocated=col, splits=splits, staleness=k)
+    cmp = PlacementComparison(colocated=col, splits=splits, staleness=k)
+    best = cmp.best
+    if best is None or cfg.model.routing_replay != "off":  # in-flight updates refuse routing replay
+        return cmp
+    new = disaggregated_config(base, best[0].engine_ranks, staleness=k, engine_fraction=frac)
+    new = dataclasses.replace(new, rollout=dataclasses.replace(new.rollout, in_flight_updates=True))
+    plan = estimate_disaggregated(new, spec, lay, nodes=nodes, gpus_per_node=gpus_per_node, hw=hw)
+    return dataclasses.replace(cmp, in_flight=(plan, tuple(split_overrides(cfg, new))))

@@ -25,6 +25,7 @@ from megatron_maspo.launch.plan.split import (
     disaggregated_config,
     split_candidates,
 )
+from megatron_maspo.launch.plan.types import gpu_assumptions
 from megatron_maspo.launch.plan.verdict import memory_verdicts
 from megatron_maspo.recipes.registry import load_recipe
 
@@ -157,12 +158,16 @@ def test_cli_prints_the_comparison_and_plans_a_disaggregated_config(capsys):
     assert main(["plan", "r1_distill_qwen_7b_maspo", "--nodes", "4", *sets, "--internode-gb-s", "0"]) == 2
 
 
-def test_glm45_air_colocated_and_one_step_off(capsys):
-    """GLM-4.5-Air on 16 x 8: ``maspo plan --splits`` prints the colocated step and the best k = 1 split
-    with its generation / training split; a split's k = 1 step is the slower pool's time (the overlap
-    hides the faster pool, never more) and never longer than the same split run serially (k = 0)."""
-    cfg = _cfg("glm45_air_maspo", world=128)
-    cmp = compare_placements(cfg, arch_of(cfg), layout_of(cfg), nodes=16, gpus_per_node=8, hw=HW)
+@pytest.mark.parametrize("recipe,nodes", [("glm45_air_maspo", 16), ("deepseek_v3_maspo", 64),
+                                           ("qwen3_235b_a22b_maspo", 32)])
+def test_moe_recipes_colocated_and_one_step_off(capsys, recipe, nodes):
+    """Each large-MoE recipe at its cluster size: ``maspo plan --splits`` prints the colocated step and the
+    best k = 1 split with its generation / training split; a split's k = 1 step is the slower pool's time
+    (the overlap hides the faster pool, never more) and never longer than the same split run serially
+    (k = 0); in-flight updates (the straggler tail overlapping the next batch) never lengthen it."""
+    cfg = _cfg(recipe, world=nodes * 8)
+    hw = gpu_assumptions(cfg.parallel.gpu)
+    cmp = compare_placements(cfg, arch_of(cfg), layout_of(cfg), nodes=nodes, gpus_per_node=8, hw=hw)
     assert cmp.colocated.fits and cmp.staleness == 1
     fitting = [p for p, _ in cmp.splits if p.fits]
     assert fitting
@@ -170,7 +175,10 @@ def test_glm45_air_colocated_and_one_step_off(capsys):
         t = p.time
         assert t.total == max(t.engine_side, t.trainer_side) <= t.total_at(0)
         assert t.total_at(0) == pytest.approx(t.engine_side + t.trainer_side)
-    assert main(["plan", "glm45_air_maspo", "--nodes", "16", "--splits"]) == 0
+    best, flight = cmp.best[0].time, cmp.in_flight[0].time
+    assert flight.engine_side < best.engine_side and flight.trainer_side == best.trainer_side
+    assert flight.total <= best.total
+    assert main(["plan", recipe, "--nodes", str(nodes), "--splits"]) == 0
     out = capsys.readouterr().out
     assert "placement: colocated step" in out and "best disaggregated split at k=1" in out
-    assert "generation" in out and "update" in out
+    assert "generation" in out and "update" in out and "in_flight_updates=true" in out

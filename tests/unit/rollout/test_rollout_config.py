@@ -29,3 +29,27 @@ def test_verify_every_is_checked_and_resolves_by_device():
     assert RolloutConfig(verify_every=0).verify_every_resolved == 0
     assert RolloutConfig(verify_every=8).verify_every_resolved == 8
     assert RolloutConfig().verify_every_resolved == (64 if on_cuda() else 1)
+
+
+def test_fp8_rollout_is_a_vllm_setting_without_held_weight_verification():
+    from megatron_maspo.rollout.vllm_engine import quantization_kwargs
+
+    fp8 = RolloutConfig(engine="vllm", vllm_quantization="fp8")
+    assert fp8.verify_every_resolved == 0  # the engine holds FP8 bytes, not the export
+    assert quantization_kwargs(fp8) == {"quantization": "fp8"}
+    assert quantization_kwargs(RolloutConfig(engine="vllm")) == {}
+    with pytest.raises(ValueError, match="needs rollout.engine=vllm"):
+        RolloutConfig(vllm_quantization="fp8")
+    with pytest.raises(ValueError, match="accepted: \\[None, 'fp8'\\]"):
+        RolloutConfig(engine="vllm", vllm_quantization="int4")
+    with pytest.raises(ValueError, match="set verify_every=0"):
+        RolloutConfig(engine="vllm", vllm_quantization="fp8", verify_every=1)
+
+
+def test_fp8_rollout_needs_a_rollout_correction():
+    from megatron_maspo.recipes.registry import resolve_config
+
+    sets = ["rollout.engine=vllm", "rollout.vllm_quantization=fp8"]
+    with pytest.raises(ValueError, match="quantised policy, not the trained one: it needs loss.tis_cap"):
+        resolve_config("tiny", None, sets)
+    assert resolve_config("tiny", None, [*sets, "loss.tis_cap=2.0"]).rollout.vllm_quantization == "fp8"
