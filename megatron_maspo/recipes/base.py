@@ -140,6 +140,22 @@ def paper_config(*, name: str, source: str, arch: str, alpha: float, nodes: int,
     return cfg
 
 
+FP8_ENGINES_OFFLOADED: tuple[tuple[str, object], ...] = (
+    ("rollout.vllm_quantization", "fp8"),  # vLLM quantises each sync on load (docs/fp8-rollout.md)
+    ("loss.tis_cap", 2.0),  # the engine samples a quantised policy: truncated IS against its log-probs
+    ("train.offload_params", True), ("train.offload_grads", True), ("train.offload_optimizer", True),
+)
+"""The largest colocated recipes: FP8 engine weights, corrected by TIS, the trainer's state on the host while
+the engine generates (docs/fp8-rollout.md)."""
+
+
+def with_settings(cfg: MaspoConfig, settings) -> MaspoConfig:
+    """``cfg`` with each ``(dotted key, value)`` of ``settings`` set, as ``--set`` would."""
+    for key, value in settings:
+        cfg = set_path(cfg, key, value)
+    return cfg
+
+
 def with_method(cfg: MaspoConfig, method: str, name: str) -> MaspoConfig:
     """The ``method`` cell of Table 1 on ``cfg``'s backbone: same everything but the loss and run dir."""
     loss = cfg.loss

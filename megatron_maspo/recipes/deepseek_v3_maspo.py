@@ -27,18 +27,12 @@ Why this shape (``maspo plan deepseek_v3_maspo``, docs/deepseek-v3.md has the fi
 from __future__ import annotations
 
 from megatron_maspo.config import MaspoConfig
-from megatron_maspo.overrides import set_path
-from megatron_maspo.recipes.base import paper_config
+from megatron_maspo.recipes.base import FP8_ENGINES_OFFLOADED, paper_config, with_settings
 
 NAME = "deepseek-v3-maspo"
 
 
 def config() -> MaspoConfig:
-    cfg = paper_config(name=NAME, source="/models/DeepSeek-V3-bf16", arch="deepseek-v3", alpha=0.3,
-                       nodes=64, tp=8, pp=1, ep=256, recompute="full", vllm_tp=8,
-                       vllm_gpu_memory_utilization=0.8)
-    for key, value in (("parallel.gpu", "h200"), ("rollout.vllm_quantization", "fp8"), ("loss.tis_cap", 2.0),
-                       ("train.offload_params", True), ("train.offload_grads", True),
-                       ("train.offload_optimizer", True)):
-        cfg = set_path(cfg, key, value)
-    return cfg
+    cfg = paper_config(name=NAME, source="/models/DeepSeek-V3-bf16", arch="deepseek-v3", alpha=0.3, nodes=64,
+                       tp=8, pp=1, ep=256, recompute="full", vllm_tp=8, vllm_gpu_memory_utilization=0.8)
+    return with_settings(cfg, (("parallel.gpu", "h200"), *FP8_ENGINES_OFFLOADED))
