@@ -2,7 +2,9 @@
 
     python scripts/gpu_smoke.py nccl [--cpu]            1-rank NCCL group: CUDA all-reduce works, a CPU
                                                         tensor is refused loudly (gloo with --cpu)
-    python scripts/gpu_smoke.py make-hf OUT             a tiny random Qwen2 HF folder (fp32) to convert
+    python scripts/gpu_smoke.py make-hf OUT [--family F]
+                                                        a tiny random HF folder (fp32; Qwen2 unless F) to
+                                                        convert
     python scripts/gpu_smoke.py check-train RUN --steps N [--cpu]
                                                         metrics.jsonl of a smoke training run: N steps,
                                                         finite loss and non-zero grad norm every step,
@@ -92,8 +94,9 @@ def cmd_nccl(a: argparse.Namespace) -> int:
 def cmd_make_hf(a: argparse.Namespace) -> int:
     from megatron_maspo.model.tiny_hf import make_tiny_hf_model
 
-    make_tiny_hf_model("qwen2", a.out, vocab_size=301, seed=0, num_hidden_layers=2)
-    print(f"SMOKE make-hf: tiny qwen2 (fp32) in {a.out}")
+    make_tiny_hf_model(a.family, a.out, vocab_size=301, seed=0,
+                       **({"num_hidden_layers": 2} if a.family == "qwen2" else {}))
+    print(f"SMOKE make-hf: tiny {a.family} (fp32) in {a.out}")
     return 0
 
 
@@ -274,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--cpu", action="store_true")
     s = sub.add_parser("make-hf")
     s.add_argument("out")
+    s.add_argument("--family", default="qwen2", help="a registered family with a tiny config (deepseek_v3: MLA)")
     s = sub.add_parser("check-train")
     s.add_argument("run")
     s.add_argument("--steps", type=int, required=True)

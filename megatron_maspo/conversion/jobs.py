@@ -89,8 +89,9 @@ def _groups_and_chunks(spec, tp: int, pp: int, ep: int, dtype: torch.dtype, spec
     from megatron_maspo.parallel.groups import init_parallel
 
     groups = init_parallel(tp=tp, pp=pp, ep=ep)
+    # jit_fusions off: a conversion runs one forward, which compiled fusions would only delay
     opts = ModelBuildOptions(tp=tp, pp=pp, ep=ep, params_dtype=dtype, bf16=dtype == torch.bfloat16,
-                             **(spec_fields or {"use_te": False}))
+                             jit_fusions=False, **(spec_fields or {"use_te": False}))
     # the trainer's default (parallel.sequence_parallel=None): MoE at TP > 1 runs with sequence parallelism
     opts.sequence_parallel = sequence_parallel_on(None, opts.attention_backend, tp, spec.is_moe)
     return groups, build_model_chunks(spec, opts, pp_rank=groups.pp_rank), opts

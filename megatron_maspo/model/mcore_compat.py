@@ -20,6 +20,11 @@ Entries:
   ``extensions.transformer_engine`` imports, which it does without TE (it puts a ``MagicMock`` in TE's
   place), then calls ``isinstance(linear_proj, TELinear)`` with that mock: every MLA build fails.
   :func:`mla_without_te` makes the module see what ``extensions.transformer_engine`` itself knows.
+- **The MoE router without Transformer Engine.** 0.16.1's ``moe_utils`` binds ``te_general_gemm`` only
+  inside its ``try: from ...transformer_engine import ...`` (the name is missing, not None, when the import
+  fails), yet ``RouterGatingLinearFunction`` tests ``te_general_gemm is not None``: every MoE forward
+  without TE raises NameError, on a GPU as on the CPU (seen on an H200 without TE).
+  :func:`moe_router_without_te` binds the "absent" value the router expects.
 - **How a pickled tensor names its storage loader.** ``import megatron.core`` on 0.19 rebinds
   ``torch.storage._load_from_bytes`` (a ``weights_only=False`` load) to
   ``megatron.core.safe_globals.safe_load_from_bytes`` (a ``weights_only=True`` one), so every tensor pickled
@@ -91,6 +96,15 @@ def mla_without_te() -> None:
 
     if hasattr(mla, "HAVE_TE") and not getattr(te_ext, "HAVE_TE", True):
         mla.HAVE_TE = False
+
+
+def moe_router_without_te() -> None:
+    """Bind ``moe_utils.te_general_gemm = None`` where the TE import failed before binding it (idempotent;
+    a no-op where TE is installed or the version binds the name itself)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def megatron_core_version() -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from megatron_maspo.model import mcore_compat
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.device import on_cuda
 
@@ -79,6 +80,12 @@ class ModelBuildOptions:
     """Update the router's correction bias after each step (aux-loss-free rule); False = frozen."""
     moe_expert_bias_update_rate: float = 1e-3
     """Step of that update (``moe_router_bias_update_rate``)."""
+    jit_fusions: bool = True
+    """Megatron's compiled fusions where the machine has them (:func:`detected_fusion_options`: SwiGLU and
+    bias-dropout through ``torch.compile`` on CUDA). The converter turns them off: its one verifying
+    forward gains nothing from kernels it must first compile (a tiny model's ``convert --verify`` took
+    57-70 s, CPU-bound, on an H200 against 9 s on the CPU bench; compiling is the likely share, not yet
+    timed apart), and the unfused ops are the ones transformers runs."""
 
 
 def attention_options(backend: str, tp: int) -> dict:
@@ -203,7 +210,7 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
         pipeline_dtype=torch.bfloat16 if opts.bf16 else torch.float16 if opts.fp16 else opts.params_dtype,
         use_cpu_initialization=opts.use_cpu_initialization,
         calculate_per_token_loss=opts.calculate_per_token_loss,
-        **detected_fusion_options(),
+        **(detected_fusion_options() if opts.jit_fusions else fusion_options(False)),
         deallocate_pipeline_outputs=on_gpu,
         batch_p2p_comm=True,
     )
@@ -350,6 +357,8 @@ def build_model_chunks(spec: ArchSpec, opts: ModelBuildOptions, *, pp_rank: int)
     """
     from megatron.core.models.gpt import GPTModel
 
+    if spec.is_moe:
+        mcore_compat.moe_router_without_te()  # a GPU without TE too, not only the CPU bench
     tcfg = build_transformer_config(spec, opts)
     vocab = padded_vocab_size(spec, opts)
     chunks = []

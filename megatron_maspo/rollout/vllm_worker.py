@@ -24,7 +24,7 @@ from megatron_maspo.rollout.buckets import (
     unpack_bucket,
 )
 from megatron_maspo.rollout.vllm_engine import vllm_config_scope, vllm_tp_size
-from megatron_maspo.rollout.vllm_reload import reload_api
+from megatron_maspo.rollout.vllm_reload import reload_api, rerun_skipped_expert_hooks
 
 
 class MaspoWorkerExtension:
@@ -131,6 +131,7 @@ class MaspoWorkerExtension:
         with vllm_config_scope(self.vllm_config):
             reload_api().finish(model, self.vllm_config.model_config, self.device)
             _refresh_tied_lm_head(model)
+            rerun_skipped_expert_hooks(model)  # MoE experts' repack, which vLLM 0.32 skips on an update
         self._maspo_asm.check_done()
         self.model_runner.reset_encoder_cache()
         expected = {n for n, _ in model.named_parameters()}

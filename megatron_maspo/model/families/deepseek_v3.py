@@ -85,6 +85,13 @@ def _yarn(rp: dict, max_pos: int) -> SpecFields:
                 yarn_mscale=mscale_m, yarn_mscale_all_dim=mscale_all_m)
 
 
+_ROUTER_KEYS = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+"""DeepSeek-V3's own ``config.json`` router fields (its remote code's names): transformers ignores them, vLLM's
+DeepSeek module reads them (without ``topk_method="noaux_tc"`` it builds no correction bias and fails to load
+``e_score_correction_bias``; without ``scoring_func`` it routes by softmax). Written on export, checked on
+import."""
+
+
 def _from_hf(cfg: Any, d: dict) -> SpecFields:
     if d.get("quantization_config") or any("weight_scale_inv" in str(k) for k in d):
         qc = d.get("quantization_config") or {}
@@ -94,6 +101,12 @@ def _from_hf(cfg: Any, d: dict) -> SpecFields:
                          "per 128x128 block) and drop quantization_config")
     if cfg.hidden_act != "silu":
         raise ValueError(f"hidden_act={cfg.hidden_act!r}; only 'silu' (SwiGLU) is supported")
+    # transformers' DeepSeek-V3 always routes by sigmoid + correction bias; vLLM follows these two fields, so
+    # another value would make the engine run a different router than the trainer (and transformers)
+    for key, want in _ROUTER_KEYS.items():
+        if d.get(key, want) != want:
+            raise ValueError(f"{key}={d[key]!r}: transformers' DeepseekV3 routes as {key}={want!r} whatever it "
+                             f"says, vLLM follows it; only {want!r} converts to one model on both")
     if cfg.attention_bias:
         raise ValueError("attention_bias=True (biases on q_a/kv_a/o projections) is not supported for deepseek_v3")
     if cfg.rms_norm_eps != _LATENT_NORM_EPS:
@@ -142,7 +155,7 @@ def _to_hf(spec: Any) -> dict[str, Any]:
         "tie_word_embeddings": spec.tie_word_embeddings, "attention_dropout": 0.0, "use_cache": True,
         "torch_dtype": "float32", _MTP: spec.extra.get(_MTP, 0),
         **({**{k: spec.extra[k] for k in _UNUSED_MOE if k in spec.extra}, "first_k_dense_replace": spec.num_layers}
-           if not spec.is_moe else deepseek_moe.moe_config_json(spec)),
+           if not spec.is_moe else {**deepseek_moe.moe_config_json(spec), **_ROUTER_KEYS}),
         "output_router_logits": False,
         **{k: spec.extra[k] for k in TOKEN_ID_KEYS if k in spec.extra},
     }
@@ -180,7 +193,7 @@ FAMILY = ModelFamily(
               q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
               rope_interleave=True, first_k_dense_replace=1, n_routed_experts=8, n_shared_experts=1,
               moe_intermediate_size=32, num_experts_per_tok=4, n_group=4, topk_group=2,
-              routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False,
+              routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False, **_ROUTER_KEYS,
               rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                "original_max_position_embeddings": 128, "beta_fast": 32.0, "beta_slow": 1.0,
                                "mscale": 1.0, "mscale_all_dim": 0.5}),

@@ -56,3 +56,16 @@ def test_megatron_accepts_the_cuda_flags_for_our_architecture():
 
     TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, activation_func=F.silu,
                       gated_linear_unit=True, add_bias_linear=False, **fusion_options(True))
+
+
+def test_jit_fusions_off_leaves_every_fusion_off_even_on_cuda(monkeypatch):
+    """The converter's build (``jit_fusions=False``): no compiled kernel, whatever the machine has."""
+    from megatron_maspo.model import provider
+
+    monkeypatch.setattr(provider, "detected_fusion_options", lambda: fusion_options(True))
+    spec = tiny_qwen2_spec(vocab_size=64)
+    on = build_transformer_config(spec, ModelBuildOptions())
+    off = build_transformer_config(spec, ModelBuildOptions(jit_fusions=False))
+    assert on.bias_activation_fusion and on.bias_dropout_fusion
+    assert not any(getattr(off, k) for k in FLAGS)
+

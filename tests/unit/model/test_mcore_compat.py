@@ -118,3 +118,17 @@ def test_mla_sees_whether_transformer_engine_imported():
     mla_without_te()
     if not te_ext.HAVE_TE:  # TE absent (CPU): MLA must not call isinstance with TE's MagicMock stand-in
         assert mla.HAVE_TE is False
+
+
+def test_moe_router_without_te_binds_the_absent_gemm(monkeypatch):
+    """0.16.1 without TE leaves ``moe_utils.te_general_gemm`` unbound and the router's ``is not None`` test
+    raises NameError (seen on an H200 without TE): the shim binds None, and leaves a bound value alone."""
+    from megatron.core.transformer.moe import moe_utils
+
+    monkeypatch.delattr(moe_utils, "te_general_gemm", raising=False)
+    mcore_compat.moe_router_without_te()
+    assert moe_utils.te_general_gemm is None
+    sentinel = object()
+    monkeypatch.setattr(moe_utils, "te_general_gemm", sentinel)
+    mcore_compat.moe_router_without_te()
+    assert moe_utils.te_general_gemm is sentinel

@@ -86,3 +86,37 @@ def test_a_vllm_with_neither_spelling_is_one_clear_error():
 def test_the_installed_vllm_has_one_of_the_two_spellings():
     api = reload_api()
     assert api.spelling in {"start_reload", "initialize_layerwise_reload"}
+
+
+class _SkipsOnUpdate:
+    """The shape of vLLM 0.32's unquantised MoE method: the experts' hook only on the first load."""
+
+    moe_kernel = object()
+
+    def _setup_kernel(self, layer):
+        is_weight_update = self.moe_kernel is not None
+        if not is_weight_update:
+            self.moe_kernel.fused_experts.process_weights_after_loading(layer)
+
+
+class _AlwaysRunsHook:
+    """A release that runs the hook on updates too: nothing to re-run (no double repack)."""
+
+    moe_kernel = object()
+
+    def _setup_kernel(self, layer):
+        is_weight_update = self.moe_kernel is not None
+        self.moe_kernel.fused_experts.process_weights_after_loading(layer)
+        if not is_weight_update:
+            pass
+
+
+def test_expert_hook_rerun_only_where_the_method_skips_it():
+    from megatron_maspo.rollout.vllm_reload import skips_expert_hook_on_update
+
+    assert skips_expert_hook_on_update(_SkipsOnUpdate())
+    assert not skips_expert_hook_on_update(_AlwaysRunsHook())
+    assert not skips_expert_hook_on_update(object())  # a dense layer's linear method
+    unbuilt = _SkipsOnUpdate()
+    unbuilt.moe_kernel = None  # the first load: vLLM runs the hook itself
+    assert not skips_expert_hook_on_update(unbuilt)
