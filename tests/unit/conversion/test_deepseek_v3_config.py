@@ -70,10 +70,21 @@ def test_hf_config_round_trip_keeps_every_field_that_changes_the_maths():
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
                           "original_max_position_embeddings": 128, "attention_factor": 2.0}}, "attention_factor"),
     ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}}, "rope_type='linear'"),
+    ({"scoring_func": "softmax"}, "scoring_func"),  # vLLM would route by softmax, the trainer by sigmoid
+    ({"topk_method": "greedy"}, "topk_method"),
 ])
 def test_unsupported_deepseek_configs_are_refused(patch, match):
     with pytest.raises(ValueError, match=match):
         arch_spec_from_hf(_config(**patch))
+
+
+def test_export_names_the_router_vllm_must_run():
+    """vLLM's DeepSeek module builds the correction bias only for topk_method='noaux_tc' and routes by
+    scoring_func: the exported config.json states both (a MoE export only)."""
+    d = hf_config_dict(arch_spec_from_hf(_config()))
+    assert (d["scoring_func"], d["topk_method"]) == ("sigmoid", "noaux_tc")
+    without = {k: v for k, v in _config().items() if k not in ("scoring_func", "topk_method")}
+    assert arch_spec_from_hf(without).is_moe  # configs that omit them mean the same router
 
 
 def test_mla_layout_constraints_name_the_field():
