@@ -28,6 +28,7 @@ versions and the next sync must be a full one, which the weight sync always is).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,17 +111,24 @@ def skips_expert_hook_on_update(method: Any) -> bool:
     tokens off transformers' from the second token; seen with Qwen3-MoE and GLM-4.5). The probe reads the
     method's own source for that guard, so a release that runs the hook on updates too is never repacked twice.
     """
+    return getattr(method, "moe_kernel", None) is not None and _setup_skips_hook(type(method))
+
+
+@functools.cache
+def _setup_skips_hook(cls: type) -> bool:
+    """Whether ``cls._setup_kernel`` calls the experts' hook only under ``if not is_weight_update`` (read once
+    per class: the check runs on every module at every sync)."""
     import inspect
 
-    setup = getattr(type(method), "_setup_kernel", None)
-    if setup is None or getattr(method, "moe_kernel", None) is None:
+    setup = getattr(cls, "_setup_kernel", None)
+    if setup is None:
         return False
     try:
         source = inspect.getsource(setup)
     except (OSError, TypeError):
         return False
-    return "is_weight_update" in source and "if not is_weight_update" in source and \
-        "fused_experts.process_weights_after_loading" in source.split("if not is_weight_update", 1)[1]
+    guarded = source.split("if not is_weight_update", 1)
+    return len(guarded) == 2 and "fused_experts.process_weights_after_loading" in guarded[1]
 
 
 def rerun_skipped_expert_hooks(model: Any) -> int:
