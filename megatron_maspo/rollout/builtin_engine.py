@@ -204,9 +204,10 @@ class BuiltinEngine:
             raise ValueError(f"inject_fault kind={kind!r}; accepted: 'flip', 'stale'")
         self._fault = (kind, name or next(iter(self.model.named_parameters()))[0])
 
-    def _held(self, name: str) -> torch.Tensor:
-        """The tensor the model holds for HF name ``name`` (a slot of a fused expert parameter)."""
-        params = dict(self.model.named_parameters())
+    def _held(self, name: str, params: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """The tensor the model holds for HF name ``name`` (a slot of a fused expert parameter); ``params``:
+        :func:`synced_tensors` of the model, when the caller already has it."""
+        params = synced_tensors(self.model) if params is None else params
         if name in params:
             return params[name].data
         slot = fused_slot(name, params)
@@ -223,10 +224,10 @@ class BuiltinEngine:
         if not expected:
             return
         t0 = time.perf_counter()
-        params = dict(self.model.named_parameters())
+        params = synced_tensors(self.model)  # parameters and the persistent buffers a sync writes
         held: dict[str, int] = {}
         names = [n for n in expected if n in params or fused_slot(n, params) is not None]
-        values = digest.read(digest.digest(self._held(n), digest.Spec(*expected[n][:2])) for n in names)
+        values = digest.read(digest.digest(self._held(n, params), digest.Spec(*expected[n][:2])) for n in names)
         held.update(zip(names, values))
         self.verify_s = time.perf_counter() - t0
         if all(v[0] == 1 for v in expected.values()):

@@ -29,6 +29,8 @@ def _export(family: str, seed: int) -> list[tuple[str, torch.Tensor]]:
             out += [(n.replace("down_proj", f"{e}.down_proj.weight"), p[e].clone()) for e in range(p.shape[0])]
         else:
             out.append((n, p))
+    saved = model.state_dict().keys()  # persistent float buffers: the routers' correction bias (GLM, DeepSeek)
+    out += [(n, b.detach().clone()) for n, b in model.named_buffers() if n in saved and b.is_floating_point()]
     return out
 
 
@@ -38,14 +40,15 @@ def _engine(family: str) -> BuiltinEngine:
     return engine
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "glm4_moe", "deepseek_v3"])
 @pytest.mark.parametrize("sync_index,every", [(0, 1), (0, 4), (1, 4), (3, 4)])
 def test_synced_weights_pass_verification(family, sync_index, every):
     engine = _engine(family)
     weights = _export(family, seed=1)
     buckets = list(pack_buckets(weights, 4096, digests=digest.plan(sync_index, every)))
     assert sum(len(b.digests) for b in buckets) == len(weights)  # one digest per exported tensor
-    assert family != "qwen3_moe" or any(".experts.1.up_proj." in n for n, _ in weights)
+    assert family not in ("qwen3_moe", "glm4_moe") or any(".experts.1.up_proj." in n for n, _ in weights)
+    assert family not in ("glm4_moe", "deepseek_v3") or any("e_score_correction_bias" in n for n, _ in weights)
     engine.load_buckets(buckets)
     assert engine.policy_version == 1 and engine.verify_s > 0
     assert (engine.verify_full_s is not None) == (sync_index % every == 0)
