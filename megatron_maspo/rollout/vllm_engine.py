@@ -72,6 +72,15 @@ def quantization_kwargs(rollout: Any) -> dict[str, Any]:
     return {"quantization": rollout.vllm_quantization} if rollout.vllm_quantization else {}
 
 
+def online_quantization_name(name: str) -> str:
+    """The installed vLLM's spelling of an online quantisation: vLLM 0.34 deprecates ``"fp8"`` for an
+    unquantised checkpoint in favour of ``"fp8_per_tensor"`` (the same per-tensor online FP8; 0.32 knows both
+    names), so ``"fp8"`` becomes ``"fp8_per_tensor"`` wherever vLLM lists it; any other name passes as is."""
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+    return "fp8_per_tensor" if name == "fp8" and "fp8_per_tensor" in QUANTIZATION_METHODS else name
+
+
 class VllmEngine:
     """Rollout engine over ``vllm.LLM`` (implements :class:`~.types.Engine`), token ids in and out.
 
@@ -135,6 +144,8 @@ class VllmEngine:
             # when that fraction minus the process RSS is not free; an explicit KV size skips that check.
             kwargs.update(kv_cache_memory_bytes=int(cpu_kv_cache_bytes))
         kwargs.update(llm_kwargs)
+        if kwargs.get("quantization"):
+            kwargs["quantization"] = online_quantization_name(kwargs["quantization"])
         self.gpus = tuple(gpus) if gpus is not None and self._on_gpu else None
         """The node-local GPUs the workers run on (None: vLLM's default, or the CPU backend)."""
         with engine_devices(self.gpus):

@@ -142,3 +142,35 @@ def rerun_skipped_expert_hooks(model: Any) -> int:
             method.moe_kernel.fused_experts.process_weights_after_loading(layer)
             n += 1
     return n
+
+
+def quantiser_owned(model: Any) -> set[str]:
+    """Names of the parameters of ``model`` that no checkpoint tensor fills, because vLLM's quantisation
+    makes them itself: what a sync must not expect ``load_weights`` to have written.
+
+    - Online quantisation (a module's ``quant_method`` has ``uses_meta_device``: vLLM's online FP8 for an
+      unquantised checkpoint, ``rollout.vllm_quantization=fp8``) registers its scales (``weight_scale``,
+      ``w13_weight_scale``, ``w2_weight_scale``, ``weight_scale_inv`` with block scales) only in
+      ``process_weights_after_loading``, from the bf16 weight it was given; after each finished reload they
+      are back in ``named_parameters()`` although no tensor was sent for them. The weights themselves
+      (``weight``, ``w13_weight``, ...) are still expected.
+    - A KV-cache quantisation method (a ``BaseKVCacheMethod``) keeps ``k_scale``, ``v_scale``, ... at their
+      defaults when the checkpoint has none.
+
+    vLLM's own loader exempts the same two kinds when it checks a first load (``track_weights_loading``,
+    read in the 0.32 and 0.34 wheels). Class membership is read by name through the MRO, so this module
+    imports nothing of vLLM.
+    """
+    out: set[str] = set()
+    for prefix, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if method is None:
+            continue
+        online = bool(getattr(method, "uses_meta_device", False))
+        kv_cache = any(c.__name__ == "BaseKVCacheMethod" for c in type(method).__mro__)
+        if not (online or kv_cache):
+            continue
+        for name, _ in module.named_parameters(recurse=False):
+            if kv_cache or "scale" in name:
+                out.add(f"{prefix}.{name}" if prefix else name)
+    return out

@@ -24,7 +24,7 @@ from megatron_maspo.rollout.buckets import (
     unpack_bucket,
 )
 from megatron_maspo.rollout.vllm_engine import vllm_config_scope, vllm_tp_size
-from megatron_maspo.rollout.vllm_reload import reload_api, rerun_skipped_expert_hooks
+from megatron_maspo.rollout.vllm_reload import quantiser_owned, reload_api, rerun_skipped_expert_hooks
 
 
 class MaspoWorkerExtension:
@@ -134,11 +134,17 @@ class MaspoWorkerExtension:
             rerun_skipped_expert_hooks(model)  # MoE experts' repack, which vLLM 0.32 skips on an update
         self._maspo_asm.check_done()
         self.model_runner.reset_encoder_cache()
-        expected = {n for n, _ in model.named_parameters()}
-        missing = expected - self._maspo_loaded
+        missing = unloaded_parameters(model, self._maspo_loaded)
         if missing:
             raise ValueError(f"vLLM sync: {len(missing)} parameters not loaded: {sorted(missing)[:8]}")
         return self._maspo_crc
+
+
+def unloaded_parameters(model: torch.nn.Module, loaded: set[str]) -> set[str]:
+    """Parameters of ``model`` that a finished sync should have written but did not: every parameter except
+    those ``loaded`` (the names ``load_weights`` returned) and those vLLM's quantisation owns
+    (:func:`~.vllm_reload.quantiser_owned`: online FP8's scales, KV-cache scales)."""
+    return {n for n, _ in model.named_parameters()} - loaded - quantiser_owned(model)
 
 
 def _refresh_tied_lm_head(model: torch.nn.Module) -> None:

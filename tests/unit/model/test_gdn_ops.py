@@ -153,3 +153,35 @@ def test_context_parallel_is_refused():
                             use_cpu_initialization=True)
     with pytest.raises(ValueError, match="does not support context parallelism"):
         GatedDeltaNet(cfg, 1, DIMS, pg_collection=SimpleNamespace(tp=None))
+
+
+def test_auto_refuses_the_torch_loop_on_cuda_without_fla(monkeypatch):
+    """On CUDA without fla, ``auto`` used to run the pure-torch chunk loop silently (a GPU job then trains
+    the GDN layers at a fraction of the speed with ~1 GB of saved state per layer at 32k tokens): it is an
+    error naming the extra, and only an explicit ``torch`` (or ``MASPO_GDN_BACKEND=torch``) runs it there."""
+    monkeypatch.setattr(gdn_kernels, "fla_installed", lambda: False)
+    monkeypatch.delenv(gdn_kernels.ENV, raising=False)
+    with pytest.raises(ValueError, match=r"install the gdn extra \(flash-linear-attention>=0.4.2\)"):
+        gdn_kernels.gdn_backend("auto", torch.device("cuda"))
+    assert gdn_kernels.gdn_backend("torch", torch.device("cuda")) == "torch"
+    monkeypatch.setenv(gdn_kernels.ENV, "torch")
+    assert gdn_kernels.gdn_backend("auto", torch.device("cuda")) == "torch"
+    monkeypatch.setenv(gdn_kernels.ENV, "triton")
+    with pytest.raises(ValueError, match="MASPO_GDN_BACKEND='triton'"):
+        gdn_kernels.gdn_backend("auto", torch.device("cuda"))
+
+
+def test_the_gdn_extra_admits_no_fla_without_the_host_bounds_argument():
+    """The kernel call passes ``cu_seqlens_cpu``, which fla-core has from 0.4.2 (0.3.x raises TypeError on
+    it, 0.4.0-0.4.1 swallow it): the extra's lower bound is that release."""
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    meta = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
+    (req,) = [Requirement(r) for r in meta["project"]["optional-dependencies"]["gdn"]]
+    assert req.name == "flash-linear-attention"
+    assert not req.specifier.contains(Version("0.4.1")) and not req.specifier.contains(Version("0.3.2"))
+    assert req.specifier.contains(Version("0.4.2"))
