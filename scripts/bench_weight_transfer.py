@@ -38,18 +38,33 @@ MOE = ArchSpec(family="qwen3_moe", num_layers=4, hidden_size=512, ffn_hidden_siz
 ENGINES = 2
 
 
-def _receive(fan) -> tuple[list, float]:
-    """One sync's buckets from ``fan`` (a FanIn over the links in use), and when the last payload landed."""
+def _receive(links) -> tuple[list, float]:
+    """One sync's buckets from ``links`` (the ``(bridge, ctl)`` links in use), each drained by a thread of its
+    own to its ``end`` as ``WeightReceiver`` does, and when the last payload landed."""
+    import threading
+
     from megatron_maspo.rollout.buckets import Bucket, meta_from_wire
 
-    staged = []
-    while True:
-        msg = fan.ctl.broadcast_object(None, 0)
-        if "end" in msg:
-            return staged, time.time()
-        buf = torch.empty(msg["n"], dtype=torch.uint8)
-        fan.bridge.broadcast(buf, 0)
-        staged.append(Bucket(buf, [meta_from_wire(w) for w in msg["bucket"]], msg["crc"], msg["index"]))
+    per_link: list[list] = [[] for _ in links]
+    ends = [0.0] * len(links)
+
+    def drain(i: int) -> None:
+        bridge, ctl = links[i]
+        while True:
+            msg = ctl.broadcast_object(None, 0)
+            if "end" in msg:
+                ends[i] = time.time()
+                return
+            buf = torch.empty(msg["n"], dtype=torch.uint8)
+            bridge.broadcast(buf, 0)
+            per_link[i].append(Bucket(buf, [meta_from_wire(w) for w in msg["bucket"]], msg["crc"], msg["index"]))
+
+    threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(links))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [b for bs in per_link for b in bs], max(ends)
 
 
 def _worker(rank: int, world: int, port: int, spec: ArchSpec, pp: int, ep: int, bucket_mb: float, reps: int):
@@ -59,7 +74,7 @@ def _worker(rank: int, world: int, port: int, spec: ArchSpec, pp: int, ep: int, 
     from megatron_maspo.parallel import comm
     from megatron_maspo.parallel.groups import init_parallel
     from megatron_maspo.rollout.config import RolloutConfig
-    from megatron_maspo.rollout.pool_sync import FanIn, WeightSender
+    from megatron_maspo.rollout.pool_sync import WeightSender
     from megatron_maspo.rollout.pools import TRAIN, PoolLayout
     from megatron_maspo.rollout.transfer_plan import plan_pool_transfer
     from megatron_maspo.rollout.weight_sync import (
@@ -87,8 +102,7 @@ def _worker(rank: int, world: int, port: int, spec: ArchSpec, pp: int, ep: int, 
         ordered = [(w, c) for _, w, c in sorted(links, key=lambda x: x[0])]
         ends = []
         for mode in modes:
-            fan = FanIn(ordered[:1] if mode == "funnel" else ordered)
-            staged, end = _receive(fan)
+            staged, end = _receive(ordered[:1] if mode == "funnel" else ordered)
             engine.load_buckets(staged, verify=False)
             ends.append(end)
         return {"ends": ends}

@@ -4,6 +4,9 @@
   (``parallel/group_plan.py``); fails when a group that carries device tensors would be gloo.
 * :func:`check_transfer_plan`: the disaggregated weight transfer's plan (``rollout/transfer_plan.py``): its
   senders, bytes per sender and largest link; fails when it leaves an engine tensor uncovered.
+* :func:`check_weight_links`: the communicators each rank joins for the groups between the pools (by kind)
+  and the NCCL buffers they need (``parallel/link_budget.py`` over ``PoolLayout.bridge_comms``, the list the
+  bridges are built from); fails past ``rollout.weight_link_nccl_budget_mb``.
 * :func:`shm_line`: the host shared memory a vLLM engine of the rollout pool stages syncs into
   (``rollout/shm_budget.py``), per node; fails only against a node size the caller gives.
 """
@@ -33,7 +36,11 @@ def check_process_groups(plans: Sequence[GroupPlan]) -> str:
     pools = [p for p in plans if p.name in POOLS]
     bridges = [p for p in plans if p.name not in POOLS]
     line = "ok   process groups: " + ", ".join(f"{p.name} pool ({format_ranks(p.ranks)}) {p.backend}" for p in pools)
-    line += ("; bridges " + ", ".join(p.describe() for p in bridges)) if bridges else " (colocated: no bridges)"
+    shown = bridges if len(bridges) <= 8 else bridges[:4]
+    rest = "" if shown is bridges else (f", ... and {len(bridges) - 4} more ("
+                                        f"{sum(p.backend == 'nccl' for p in bridges[4:])} nccl, "
+                                        f"{sum(p.backend != 'nccl' for p in bridges[4:])} gloo)")
+    line += ("; bridges " + ", ".join(p.describe() for p in shown) + rest) if bridges else " (colocated: no bridges)"
     return line + "; backends on GPUs, none depends on a pool's size"
 
 
@@ -85,6 +92,50 @@ def staging_need(cfg, nodes: int, gpus_per_node: int) -> tuple[int, str] | None:
     dtype = "bfloat16" if cfg.model.bf16 else "float32"  # the engine dtype, as the check's weight-sync step
     sync = sum(math.prod(shape) * dtype_size(dt) for _, dt, shape in export_manifest(arch_of(cfg), dtype))
     return node_need(sync, [e.node for e in pools.placement(gpus_per_node)], dtype)
+
+
+def _who(pools, rank: int) -> str:
+    if rank in pools.owner_ranks:
+        return "an engine owner"
+    return "a weight sender" if rank in pools.sender_ranks else "a trainer rank"
+
+
+def check_weight_links(pools, rollout, gpus_per_node: int) -> str:
+    """The ``weight links`` line: per rank, the most NCCL communicators and gloo groups it joins between
+    the pools and the NCCL buffer bytes they need (model: ``parallel/link_budget.py``).
+
+    Args:
+        pools: the job's ``PoolLayout``.
+        rollout: the config's ``rollout`` section (channels per link, budget).
+        gpus_per_node: GPUs per node (which groups would share a GPU and stage on the host).
+
+    Raises:
+        CheckError: a rank's NCCL buffers exceed ``rollout.weight_link_nccl_budget_mb`` (one line).
+    """
+    from megatron_maspo.parallel.group_plan import PARENT, plan_groups
+    from megatron_maspo.parallel.link_budget import MIB, nccl_channel_bytes, rank_costs
+
+    plans = plan_groups(pools, gpus_per_node)
+    ch = rollout.weight_link_channels
+    costs = rank_costs(plans, ch).values()
+    top = max(costs, key=lambda c: (c.nccl_bytes, c.nccl, -c.rank))
+    gloo = max(costs, key=lambda c: (c.gloo, c.gloo_sockets, -c.rank))
+    per = nccl_channel_bytes() / MIB
+    budget = rollout.weight_link_nccl_budget_mb
+    figure = (f"{top.nccl_bytes / MIB:,.0f} MiB of NCCL buffers ({top.links} payload communicator(s) x {ch} "
+              f"channel(s) x {per:.1f} MiB)")
+    if top.nccl_bytes > budget * MIB:
+        raise CheckError("weight links", f"rank {top.rank} ({_who(pools, top.rank)}) would hold {figure} > "
+                         f"rollout.weight_link_nccl_budget_mb={budget:g}: send from fewer ranks "
+                         "(rollout.sync_senders=rank0), use fewer channels (rollout.weight_link_channels=1), "
+                         "or raise the budget where its GPU has the room")
+    links = len(pools.weight_links)
+    parent = any(p.role == PARENT for p in plans)
+    how = (f"{links} link(s) ({rollout.sync_transport}, senders {rollout.sync_senders})"
+           + (", split from one parent" if parent else "") + ", made at start-up")
+    return (f"ok   weight links: {how}; NCCL: at most {top.nccl} communicator(s) on a rank (rank {top.rank}, "
+            f"{_who(pools, top.rank)}), {figure}, budget {budget:,.0f} MiB; gloo: at most {gloo.gloo} group(s) "
+            f"(rank {gloo.rank}: {gloo.gloo_sockets} sockets, {gloo.gloo_threads} threads)")
 
 
 def check_transfer_plan(plan, spec) -> str:

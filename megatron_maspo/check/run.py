@@ -15,6 +15,10 @@ trainer builds, ``use_cpu_initialization=False``) and runs every step that needs
     process groups
                   each pool's default group and the bridges between pools with the backend each gets on
                   GPUs (``parallel/group_plan.py``): a group carrying device tensors must be nccl
+    transfer plan, weight links (disaggregated)
+                  who sends which tensors; the communicators each rank joins between the pools (NCCL and
+                  gloo, from ``PoolLayout.bridge_comms``, the list the bridges are built from) and their
+                  NCCL buffers against ``rollout.weight_link_nccl_budget_mb`` (``parallel/link_budget.py``)
     host shared memory
                   the ``/dev/shm`` per node a vLLM engine of the rollout pool stages syncs into (about two
                   syncs of the model in the engine dtype per engine owner; ``rollout/shm_budget.py``)
@@ -39,7 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from megatron_maspo.check.pools import check_process_groups, shm_line
+from megatron_maspo.check.pools import check_process_groups, check_weight_links, shm_line
 from megatron_maspo.check.ranks import build_options, check_all_ranks
 from megatron_maspo.check.steps import (
     CheckError,
@@ -173,6 +177,7 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float | None, node_shm
 
         say(check_transfer_plan(build_plan(spec, pools.trainer_layout, pools.owner_ranks, dtype=dtype,
                                            senders=cfg.rollout.sync_senders), spec))
+        say(check_weight_links(pools, cfg.rollout, gpus_per_node))
     sync_bytes = sum(math.prod(shape) * dtype_size(dt) for _, dt, shape in manifest)
     say(shm_line(cfg.rollout, sync_bytes, [e.node for e in placed], dtype, node_shm_gb=node_shm_gb))
     lay = layout_of(cfg)

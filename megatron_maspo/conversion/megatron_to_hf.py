@@ -169,8 +169,9 @@ def export_owned_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: 
     The sharded counterpart of :func:`export_hf_weights` (``rollout/transfer_plan.py`` makes
     ``sender_of``: HF name -> the global rank that sends it). No PP broadcast and no EP gather: a dense
     tensor's TP shards are all-gathered inside the TP group of its sender (the ranks ``sender ..
-    sender + tp - 1``, tp-fastest order), experts are converted where they live. Every rank of the model
-    iterates it; ranks outside a sending TP group do nothing for that tensor.
+    sender + tp - 1``, tp-fastest order), experts are converted where they live (whole on every rank at
+    any TP: expert TP is 1), with no collective. Every rank of the model iterates it; ranks outside a
+    sending TP group do nothing for that tensor.
 
     Raises:
         ValueError: this rank holds a tensor the plan gives it, but under other names (plan and chunks
@@ -206,9 +207,8 @@ def export_owned_weights(chunks: list[torch.nn.Module], spec: ArchSpec, groups: 
         mine = [n for n in names if sender_of[n] == rank]
         if not mine:
             continue
-        if groups.tp > 1:  # Megatron's expert TP defaults to tp: each expert would be a shard here
-            raise ValueError(f"export: experts at tensor_model_parallel_size={groups.tp} are TP-sharded; the "
-                             "sharded export sends whole experts only (TP = 1 with EP, as the local spec runs)")
+        # whole experts at any TP: parallel/groups.py builds Megatron with expert TP 1, so every rank of an
+        # EP rank's expert-DP replicas holds its experts unsplit (no gather, no collective here)
         out: list[tuple[str, torch.Tensor]] = []
         for mname, expert in mcore_names(item, local_layer, spec, groups.ep, groups.ep_rank):
             t = params[resolve(params, mname)].detach()

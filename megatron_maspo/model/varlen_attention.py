@@ -74,6 +74,12 @@ def varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Ten
     heads, as ``enable_gqa`` and SDPA do; n_h/n_g times one layer's K/V memory); without ``window_size``
     the causal flag is ``is_causal``; without ``scale`` q is pre-scaled so the kernel's default
     ``d**-0.5`` gives ``scale``.
+
+    A value head narrower than the query/key head (MLA: d_v = 128, d_qk = 192 in DeepSeek-V3) is padded with
+    zeros to ``d_qk``: FlashAttention-2's varlen kernel checks that ``v`` has the query's head size and
+    refuses anything else. The padded columns of ``softmax(q k^T) v`` are zero, so the caller keeps the
+    first ``d_v`` columns of the output (:class:`VarlenAttention` does) and the result, gradients included,
+    is the unpadded attention's; the cost is ``d_qk / d_v`` times the V reads and output writes.
     """
     if kernel is None:
         from torch.nn.attention.varlen import varlen_attn as kernel
@@ -95,6 +101,11 @@ def varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Ten
     elif gqa:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    if v.shape[-1] != q.shape[-1]:
+        if v.shape[-1] > q.shape[-1]:
+            raise ValueError(f"varlen attention: value head dim {v.shape[-1]} > query/key head dim {q.shape[-1]}"
+                             "; use attention_backend='packed_sdpa'")
+        v = torch.nn.functional.pad(v, (0, q.shape[-1] - v.shape[-1]))
     return (q, k, v, cu, cu, int(max_len), int(max_len)), kwargs
 
 
@@ -123,5 +134,6 @@ class VarlenAttention(PackedSDPAttention):
             max_len = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
         args, kw = varlen_call(q, k, v, cu, max_len, scale=self.softmax_scale,
                                causal=self.attn_mask_type != AttnMaskType.no_mask, kernel=varlen_attn)
-        out = varlen_attn(*args, **kw)  # [t, n_h/tp, d]
+        out = varlen_attn(*args, **kw)  # [t, n_h/tp, d_qk]
+        out = out[..., :v.shape[-1]]  # [t, n_h/tp, d_v]: the zero columns of an MLA value padding dropped
         return out.reshape(out.shape[0], -1) if thd else out.reshape(out.shape[0], 1, -1)

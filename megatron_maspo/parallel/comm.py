@@ -22,6 +22,9 @@ to the current CUDA device here. We do not initialise ``"cpu:gloo,cuda:nccl"``:
 Groups someone creates with another backend (Megatron's explicit gloo groups) work too: the device is
 read from the group, never assumed.
 
+The groups between the pools of a disaggregated job (``Bridge``, built in one pass by ``build_bridges``)
+live in ``parallel/bridge.py``.
+
 Every function but ``send``/``recv`` is a no-op (returns its input) without a process group, so
 single-process code and unit tests call them unconditionally. Tensor collectives run on any
 initialised group, one rank included: a one-GPU NCCL world exercises the same staging as a cluster.
@@ -31,6 +34,7 @@ Object collectives and barriers return at once on a one-rank group.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -42,6 +46,8 @@ import torch.distributed as dist
 from megatron_maspo.parallel import gpu_emulation as _emu
 from megatron_maspo.parallel import group_plan
 from megatron_maspo.parallel.device import on_cuda
+
+logger = logging.getLogger(__name__)
 
 ReduceOp = dist.ReduceOp
 
@@ -86,6 +92,26 @@ def host_copy_bytes() -> int | None:
     """Bytes this process has copied between host and device so far, as the emulation counts them
     (None when it is off: a real GPU run has no such counter)."""
     return _emu.host_copy_bytes() if _emu.active() else None
+
+
+def host_copy_count() -> dict[str, int] | None:
+    """Copies between host and device so far, by direction (``{"h2d": n, "d2h": m}``), as the emulation
+    counts them (None when it is off)."""
+    return _emu.host_copies() if _emu.active() else None
+
+
+def emulated_groups() -> dict[str, int] | None:
+    """Process groups this process has made, by the backend each gets on GPUs (``{"nccl": n, "gloo": m}``),
+    as the emulation counts them (None when it is off)."""
+    return _emu.groups_joined() if _emu.active() else None
+
+
+def synchronize_stream() -> None:
+    """Wait for the calling thread's current stream (CUDA, or the emulated one; no-op on the CPU)."""
+    if on_cuda():
+        torch.cuda.current_stream(local_device()).synchronize()
+    elif _emu.active():
+        _emu.current_stream().synchronize("comm.synchronize_stream()")
 
 
 def device_empty(n: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
@@ -381,103 +407,24 @@ def gpu_identity() -> str:
     return f"{host}/pid{os.getpid()}"
 
 
-def _members_share_a_gpu(store: Any, index: int, size: int) -> bool:
-    """Whether two members of a bridge compute on one GPU (each publishes :func:`gpu_identity`)."""
-    store.set(f"gpu/{index}", gpu_identity())
-    ids = [store.get(f"gpu/{i}").decode() for i in range(size)]
-    return len(set(ids)) < size
+def pin_host(t: torch.Tensor) -> Any:
+    """Page-lock the host memory under ``t`` (its whole storage) so copies to and from a GPU are DMA at full
+    speed, not staged through pageable memory: ``cudaHostRegister`` through ``torch.cuda.cudart()``.
 
-
-class Bridge:
-    """A process group across pools, outside torch's group registry (the default group of each pool
-    holds only that pool's ranks, so ``new_group`` cannot span them).
-
-    Built straight on the job store under ``maspo/bridge/<name>``; ``ranks`` are global ranks and index 0
-    is the usual root. Two kinds:
-
-    - ``device=False``: a host bridge (gloo, CPU tensors): control messages, pickled batches. A pending
-      receive on it blocks only its calling thread.
-    - ``device=True``: tensors on this process's GPU (weights between GPU pools): NCCL, unless two members
-      compute on one GPU (NCCL refuses that; the one-GPU smoke test), then gloo with host staging.
-      An NCCL receive that waits for its sender holds the calling thread's *stream*: post one only once
-      the sender is known to be sending (a header on a host bridge), from a side stream
-      (:func:`side_stream`).
-
-    Every member must call each operation in the same order, and one bridge is used by one thread only.
-    Its store waits (and gloo's connection set-up) use ``timeout_s``: build it with the wait the slowest
-    member may need to arrive (the rollout pool waits for a trainer that loads a checkpoint first).
+    For memory torch did not allocate pinned, e.g. shared-memory buffers (``/dev/shm``) a receiver lands
+    buckets in for processes that map them. Returns the callable that unregisters it, to call before the
+    memory is freed; None where nothing was registered (no CUDA, a GPU tensor, an empty or already pinned
+    one). A refusal by the driver (a locked-memory limit) is logged and the memory stays pageable.
     """
+    if not on_cuda() or t.is_cuda or t.untyped_storage().nbytes() == 0 or t.is_pinned():
+        return None
+    storage = t.untyped_storage()
+    ptr, nbytes = storage.data_ptr(), storage.nbytes()
+    rt = torch.cuda.cudart()
+    err = rt.cudaHostRegister(ptr, nbytes, 0)
+    if err != rt.cudaError.success:
+        logger.warning("cudaHostRegister of %d bytes failed (%s): copies into it stay pageable", nbytes,
+                       rt.cudaGetErrorString(err))
+        return None
+    return lambda: rt.cudaHostUnregister(ptr)
 
-    def __init__(self, store: Any, name: str, ranks: tuple[int, ...], rank: int, *, device: bool = False,
-                 timeout_s: float = 1800.0) -> None:
-        import datetime
-
-        if rank not in ranks or len(set(ranks)) != len(ranks):
-            raise ValueError(f"bridge {name!r}: rank {rank} not among distinct ranks {ranks}")
-        self.name, self.ranks, self.index = name, tuple(ranks), ranks.index(rank)
-        prefixed = dist.PrefixStore(f"maspo/bridge/{name}", store)
-        timeout = datetime.timedelta(seconds=timeout_s)
-        shared = device and _members_share_a_gpu(prefixed, self.index, len(ranks))
-        self.gpu_backend = group_plan.gpu_backend(carries_device=device, members_share_a_gpu=shared)
-        """The backend this bridge has on GPUs (``maspo check`` plans it with the same rule; the emulation
-        records it)."""
-        self.on_device = device and not shared
-        """Whether tensors travel in device memory (staged there if given on the host)."""
-        if self.gpu_backend == "nccl" and on_cuda():
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
-            self._pg: Any = dist.ProcessGroupNCCL(prefixed, self.index, len(ranks), opts)
-            self.device = local_device()
-        else:
-            self._pg = dist.ProcessGroupGloo(prefixed, self.index, len(ranks), timeout)
-            self.device = torch.device("cpu")
-        what = "device tensors" if self.on_device else ("host only: two members share a GPU" if device
-                                                        else "host only: control messages and pickled data")
-        _emu.record_group(self._pg, self.gpu_backend, f"bridge {name!r} ({what})", self.ranks)
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-    def _stage(self, t: torch.Tensor) -> torch.Tensor:
-        if self.on_device and _emu.active():
-            return t if _emu.is_device(t) and t.is_contiguous() else _emu.mark_device(t.detach().clone().contiguous())
-        return t if t.device == self.device and t.is_contiguous() else t.to(self.device).contiguous()
-
-    def broadcast(self, t: torch.Tensor, root: int = 0) -> torch.Tensor:
-        """In-place broadcast of ``t`` from member ``root`` (an index into ``ranks``); returns ``t``.
-
-        On a device bridge the host is not held: the collective is queued on the calling thread's current
-        stream (NCCL's ``wait()`` makes that stream wait), so read ``t`` (or synchronise the stream)
-        before using it on another. A host ``t`` is staged through the device and copied back on the
-        receivers only (the root's bytes do not change).
-        """
-        buf = self._stage(t)
-        if _emu.active():
-            if self.on_device:
-                _emu.device_collective(self._pg, f"Bridge.broadcast ({buf.numel() * buf.element_size()} B)",
-                                       lambda: self._pg.broadcast(buf, root), (buf,), async_op=True)
-            else:
-                _emu.device_collective(self._pg, "Bridge.broadcast", lambda: self._pg.broadcast(buf, root).wait(),
-                                       (t,))
-        else:
-            self._pg.broadcast(buf, root).wait()
-        if self.index != root:
-            _write_back(t, buf)
-        return t
-
-    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
-        """A picklable object from member ``root`` to every member (length, then the pickled bytes)."""
-        import pickle
-
-        if self.index == root:
-            data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)),
-                                    dtype=torch.uint8)
-            n = torch.tensor([data.numel()], dtype=torch.int64)
-        else:
-            n = torch.zeros(1, dtype=torch.int64)
-        self.broadcast(n, root)
-        if self.index != root:
-            data = torch.empty(int(n.item()), dtype=torch.uint8)
-        self.broadcast(data, root)
-        return obj if self.index == root else pickle.loads(data.numpy().tobytes())

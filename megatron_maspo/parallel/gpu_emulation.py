@@ -10,6 +10,8 @@ NCCL" cannot fail a test there. Under this emulation it does. What it models (fa
   group that would be NCCL on GPUs is an item on the calling thread's current stream: it starts only
   after the items before it on that stream, and the stream stays held until it completes (an
   ``async_op`` collective's ``.wait()`` returns at once, as on NCCL, and leaves the stream held).
+  **Events** (:class:`Event`) stand for what a stream held when recorded; a stream made to wait for one
+  (:meth:`Stream.wait_event`) is held by that wait until the event's items complete.
 - **Host reads.** ``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()``, ``bool/int/float(t)`` and a
   device-to-host ``copy_`` of a *device tensor* block the calling thread until its current stream has
   drained; so does any other op on a device tensor (a kernel queued behind the held stream: on CPU it
@@ -24,6 +26,9 @@ NCCL" cannot fail a test there. Under this emulation it does. What it models (fa
   communicator's collectives in the same order.
 - **Backends.** Each group records the backend it gets on GPUs (``group_plan``'s rule); a device tensor
   on a group that would be gloo there is an error naming the group and its ranks.
+- **Counts.** Every group a process makes is counted by the backend it gets on GPUs
+  (:func:`groups_joined`), and every copy between host and device by direction (:func:`host_copies`;
+  a device bridge's staging of a host tensor is one: :func:`to_device`).
 - **Nodes.** ``MASPO_EMULATE_GPUS_PER_NODE=N`` (see :func:`node_env`) splits a one-host job into nodes
   of N GPUs: ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` (what ``rollout/fleet.py::processes_per_node`` reads for
   the GPUs per node), ``GROUP_RANK`` and ``NNODES`` follow it.
@@ -146,6 +151,43 @@ class Stream:
         """Block until every item on the stream has completed (``torch.cuda.Stream.synchronize``)."""
         self._wait(lambda: next((it for it in self._items if not it.done), None), waiter)
 
+    def record_event(self) -> Event:
+        """An event of everything queued on the stream so far (``torch.cuda.Event.record(stream)``)."""
+        with self._cond:
+            return Event(self, [it for it in self._items if not it.done])
+
+    def wait_event(self, event: Event) -> None:
+        """Make the stream's later work wait for ``event`` (``torch.cuda.Stream.wait_event``): an item that
+        holds this stream until the event's items have completed; the host goes on."""
+        if event.query():
+            return
+        item = self.post(f"a wait for an event of {event.stream.name}")
+
+        def complete() -> None:
+            err = None
+            try:
+                event.synchronize(f"{self.name}'s wait for the event")
+            except BaseException as e:  # noqa: BLE001 (the watchdog of a waiter behind it reports the hang)
+                err = e
+            self.finish(item, err)
+
+        threading.Thread(target=complete, name="emulated-wait-event", daemon=True).start()
+
+
+class Event:
+    """An emulated CUDA event: the items its stream held when it was recorded (:meth:`Stream.record_event`)."""
+
+    def __init__(self, stream: Stream, items: list[_Item]) -> None:
+        self.stream, self._items = stream, items
+
+    def query(self) -> bool:
+        """Whether all of it has completed (``torch.cuda.Event.query``)."""
+        return all(it.done for it in self._items)
+
+    def synchronize(self, waiter: str = "event.synchronize()") -> None:
+        """Block the host until it has completed (``torch.cuda.Event.synchronize``); the watchdog applies."""
+        self.stream._wait(lambda: next((it for it in self._items if not it.done), None), waiter)
+
 
 class _State:
     def __init__(self, label: str) -> None:
@@ -155,6 +197,8 @@ class _State:
         self.groups: dict[int, tuple[str, str, tuple[int, ...]]] = {}  # id(pg) -> (gpu backend, name, ranks)
         self.last_poster: dict[int, tuple[threading.Thread, str]] = {}
         self.host_copy_bytes = 0
+        self.host_copies: dict[str, int] = {}  # "h2d" / "d2h" -> copies
+        self.joined: list[tuple[str, str]] = []  # (gpu backend, name) of every group made, in order
 
 
 _STATE: _State | None = None
@@ -235,11 +279,30 @@ def host_copy_bytes() -> int:
     return _STATE.host_copy_bytes if _STATE is not None else 0
 
 
-def count_copy(nbytes: int) -> None:
-    """Add ``nbytes`` to the process's host <-> device copy counter."""
+def host_copies() -> dict[str, int]:
+    """Copies between host and (emulated) device so far, by direction: ``{"h2d": n, "d2h": m}``."""
+    return dict(_STATE.host_copies) if _STATE is not None else {}
+
+
+def count_copy(nbytes: int, direction: str = "d2h") -> None:
+    """Count one host <-> device copy of ``nbytes`` (``direction``: ``"h2d"`` or ``"d2h"``)."""
     if _STATE is not None:
         with _STATE.lock:
             _STATE.host_copy_bytes += int(nbytes)
+            _STATE.host_copies[direction] = _STATE.host_copies.get(direction, 0) + 1
+
+
+def to_device(t: torch.Tensor) -> torch.Tensor:
+    """A device copy of the host tensor ``t`` (``t.to(cuda)``: counted as one host-to-device copy)."""
+    count_copy(_nbytes(t), "h2d")
+    with _raw():
+        return mark_device(t.detach().clone().contiguous())
+
+
+def device_like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialised contiguous device tensor shaped like ``t`` (``torch.empty`` on the GPU: no copy)."""
+    with _raw():
+        return mark_device(torch.empty(t.shape, dtype=t.dtype))
 
 
 _T = torch.Tensor
@@ -267,7 +330,7 @@ class _Mode(TorchFunctionMode):
         if dev and current_stream().busy():  # a kernel queued behind the held stream
             current_stream().synchronize(f"{getattr(func, '__name__', func)} on a device tensor")
         if func is _T.copy_ and len(args) >= 2 and is_device(args[0]) != is_device(args[1]):
-            count_copy(_nbytes(args[1]))  # host <-> device; the destination keeps its place
+            count_copy(_nbytes(args[1]), "h2d" if is_device(args[0]) else "d2h")  # the destination keeps its place
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if dev:
@@ -277,9 +340,27 @@ class _Mode(TorchFunctionMode):
 
 # -------------------------------------------------------------------------------------------- groups
 def record_group(pg: Any, gpu_backend: str, name: str, ranks: tuple[int, ...]) -> None:
-    """Remember the backend ``pg`` gets on GPUs (``"nccl"``: a device group, ``"gloo"``: host only)."""
+    """Remember the backend ``pg`` gets on GPUs (``"nccl"``: a device group, ``"gloo"``: host only) and
+    count it among this process's groups (:func:`groups_joined`)."""
     if _STATE is not None and pg is not None:
         _STATE.groups[id(pg)] = (gpu_backend, name, tuple(ranks))
+        with _STATE.lock:
+            _STATE.joined.append((gpu_backend, name))
+
+
+def groups_joined() -> dict[str, int]:
+    """Groups this process has made so far, by the backend each gets on GPUs: ``{"nccl": n, "gloo": m}``."""
+    out: dict[str, int] = {}
+    for backend, _ in (_STATE.joined if _STATE is not None else ()):
+        out[backend] = out.get(backend, 0) + 1
+    return out
+
+
+def release(pg: Any) -> None:
+    """The calling thread is done with ``pg`` (its set-up traffic): another thread may post on it next."""
+    if _STATE is not None:
+        with _STATE.lock:
+            _STATE.last_poster.pop(_key(pg), None)
 
 
 def _describe(pg: Any) -> tuple[str, str, tuple[int, ...]]:

@@ -22,14 +22,19 @@ GPU ``(r % ranks_per_node) % gpus_per_node``: one GPU per rank unless a node run
                     ``rollout``  rollout pool T..W-1 (engines' object collectives stage on GPU)  device
                     ``weights``  trainer rank 0 + every engine owner: weight buckets GPU to GPU  device, or
                                  host-staged (gloo) when two of its members share a GPU
+                    ``weights_parent``  every sender + every owner, when there are several broadcast
+                                 links: the NCCL communicator each link's is split from (no traffic)
                     ``batches``  lead engine + every trainer rank: pickled batches on the host   host-only
+
+The groups between the pools come from ``PoolLayout.bridge_comms`` (:class:`CommSpec`, in build order), the
+same list ``train/rollouts/pool.py::bridges`` builds them from.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 NCCL, GLOO = "nccl", "gloo"
 
@@ -48,7 +53,28 @@ class PoolLayoutLike(Protocol):
     def batches_ranks(self) -> Sequence[int]: ...
 
     @property
-    def weight_links(self) -> Sequence[Any]: ...
+    def bridge_comms(self) -> Sequence[CommSpec]: ...
+
+
+PARENT, PAYLOAD, HOST = "parent", "payload", "host"
+"""Roles of a group between the pools (:attr:`CommSpec.role`)."""
+
+
+@dataclass(frozen=True)
+class CommSpec:
+    """One group between the pools, in the order every rank builds them (``PoolLayout.bridge_comms``)."""
+
+    name: str
+    """The bridge's store prefix (``weights``, ``weights_s8_ctl``, ``batches``, ...)."""
+    ranks: tuple[int, ...]
+    """Global ranks, member 0 first (the sender, or the lead engine for ``batches``)."""
+    role: str
+    """``parent``: the NCCL communicator the payload groups are split from (it carries nothing);
+    ``payload``: device bucket bytes; ``host``: headers, stop, pickled batches (gloo)."""
+    parent: str | None = None
+    """A payload group's parent (its NCCL communicator is a split of that one), None: made on its own."""
+    color: int = 0
+    """A split payload group's colour in ``ncclCommSplit`` (its link's index)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +94,8 @@ class GroupPlan:
     """Two of its members sit on one GPU."""
     why: str = ""
     """What it carries, in a few words (printed by ``maspo check``)."""
+    role: str = ""
+    """For a group between the pools, its :attr:`CommSpec.role`; ``""`` for a pool's own group."""
 
     def describe(self) -> str:
         """``name (ranks 0-15) nccl [why]`` on one line."""
@@ -125,7 +153,8 @@ def plan_groups(layout: PoolLayoutLike | int, gpus_per_node: int, *,
 
     Returns:
         Colocated: ``(world,)``; disaggregated: ``(train, rollout, weights, weights_ctl, batches)``, with one
-        more ``weights_s<rank>`` / ``_ctl`` pair per further sender (``PoolLayout.weight_links``).
+        more ``weights_s<rank>`` / ``_ctl`` pair per further sender and then a ``weights_parent`` first
+        (``PoolLayout.bridge_comms``).
     """
     if isinstance(layout, int):
         return (_device_group("world", tuple(range(layout)), "the one pool; Megatron's groups inherit it",
@@ -135,20 +164,30 @@ def plan_groups(layout: PoolLayoutLike | int, gpus_per_node: int, *,
                           gpus_per_node, ranks_per_node)
     rollout = _device_group("rollout", tuple(range(t, layout.world)),
                             "rollout pool; object collectives stage on the GPU", gpus_per_node, ranks_per_node)
-    links = []
-    for link in layout.weight_links:  # one (payload, header) pair per sender, or per (sender, owner) with p2p
-        w_ranks = tuple(link.ranks)
-        if members_share_a_gpu(w_ranks, gpus_per_node, ranks_per_node):  # NCCL refuses: buckets via the host
-            links.append(GroupPlan(link.name, w_ranks, False, gpu_backend(False, True), True,
-                                   "two members share a GPU: buckets staged on the host"))
+    bridges: list[GroupPlan] = []
+    parent_shares: dict[str, bool] = {}
+    for c in layout.bridge_comms:  # the list the bridges are built from, in their order
+        shares = members_share_a_gpu(tuple(c.ranks), gpus_per_node, ranks_per_node)
+        if c.role == PARENT:
+            parent_shares[c.name] = shares
+            if not shares:  # two members on one GPU: no parent; the links are made on their own
+                bridges.append(GroupPlan(c.name, tuple(c.ranks), False, NCCL, False,
+                                         "the links' NCCL communicators are split from it; carries nothing",
+                                         role=PARENT))
+        elif c.role == PAYLOAD and shares:  # NCCL refuses: buckets via the host
+            bridges.append(GroupPlan(c.name, tuple(c.ranks), False, gpu_backend(False, True), True,
+                                     "two members share a GPU: buckets staged on the host", role=PAYLOAD))
+        elif c.role == PAYLOAD:
+            split = c.parent is not None and not parent_shares.get(c.parent, True)
+            bridges.append(GroupPlan(c.name, tuple(c.ranks), True, gpu_backend(True, False), False,
+                                     "weight buckets GPU to GPU" + (f", split from {c.parent}" if split else ""),
+                                     role=PAYLOAD))
         else:
-            links.append(GroupPlan(link.name, w_ranks, True, gpu_backend(True, False), False,
-                                   "weight buckets GPU to GPU"))
-        links.append(GroupPlan(link.ctl_name, w_ranks, False, gpu_backend(False, False), False,
-                               "bucket headers, end, stop (host-only: no NCCL work pending between syncs)"))
-    batches = GroupPlan("batches", tuple(layout.batches_ranks), False, gpu_backend(False, False), False,
-                        "pickled batches on the CPU (host-only)")
-    return train, rollout, *links, batches
+            why = ("pickled batches on the CPU (host-only)" if c.name == "batches" else
+                   "bucket headers, end, stop (host-only: no NCCL work pending between syncs)")
+            bridges.append(GroupPlan(c.name, tuple(c.ranks), False, gpu_backend(False, False), False, why,
+                                     role=HOST))
+    return train, rollout, *bridges
 
 
 def validate(plans: tuple[GroupPlan, ...] | list[GroupPlan]) -> None:

@@ -93,12 +93,18 @@ class Bucket:
     digests: dict[str, list[int]] | None = None
     """``{hf_name: [stride, phase, digest]}`` of the exported tensors this bucket completes
     (:mod:`~.digest`; the engine checks what it holds against them); None when the sync is not verified."""
+    ready: Any = None
+    """An event recorded on the packing stream after the pack (``parallel/streams.py``): a reader on
+    another stream waits for it before reading :attr:`buffer`; None when the pack has completed already
+    (host buffers, or a pool that syncs the host: :func:`pack_buckets`)."""
 
-    def done(self) -> None:
-        """Call :attr:`release` once (no-op for unpooled buckets)."""
+    def done(self, after: Any = None) -> None:
+        """Call :attr:`release` once (no-op for unpooled buckets). ``after``: an event of the last read of
+        :attr:`buffer` still in flight (a send on another stream); the pool's next user of the buffer
+        waits for it (``transport.BucketPool``)."""
         if self.release is not None:
             rel, self.release = self.release, None
-            rel()
+            rel() if after is None else rel(after)
 
 
 def checksum(buffer: torch.Tensor) -> int:
@@ -179,7 +185,8 @@ def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
         with_checksum: compute ``Bucket.checksum``.
         dtype: cast floating tensors to this dtype before packing (the rollout dtype), else keep.
         alloc: a ``transport.BucketPool`` to pack into (its buffers are reused: each bucket's ``release``
-            hands its buffer back); None = a fresh CPU buffer per bucket.
+            hands its buffer back); None = a fresh CPU buffer per bucket. A pool with ``events`` set gets
+            each bucket with a ``ready`` event instead of a host sync of the packing stream.
         digests: ``nblocks -> digest.Spec`` for this sync (``digest.plan``): each tensor is digested as
             exported (after the cast, on its own device) and the digest rides in ``Bucket.digests`` of
             the bucket that completes it; None = no digests.
@@ -222,7 +229,14 @@ def _flush(pending: list[tuple[TensorMeta, torch.Tensor]], used: int, index: int
             flat = flat[meta.part[0]:meta.part[0] + meta.part[1]]
         buf[meta.offset:meta.offset + flat.numel()].copy_(flat, non_blocking=buf.is_cuda)
         end = meta.offset + flat.numel()
-    if buf.is_cuda:
+    ready = None
+    if getattr(alloc, "events", False):
+        # the reader waits for this event on its own stream (the weight sender's send stream): the host
+        # goes on exporting the next bucket (parallel/streams.py)
+        from megatron_maspo.parallel import streams
+
+        ready = streams.record(device=buf.device if buf.is_cuda else None)
+    elif buf.is_cuda:
         # the bucket is complete before another process reads it; the buffer's own device, not the
         # thread's current one (the prefetch thread packs: issue 29, defect 4)
         torch.cuda.current_stream(buf.device).synchronize()
@@ -236,7 +250,7 @@ def _flush(pending: list[tuple[TensorMeta, torch.Tensor]], used: int, index: int
         values = read(digested.pop(n)[1] for n in names)
         done = {n: s.to_wire(v) for n, s, v in zip(names, specs, values)}
     return Bucket(buf, [m for m, _ in pending], checksum(buf) if with_checksum else None, index, release,
-                  done)
+                  done, ready)
 
 
 class Reassembler:

@@ -85,6 +85,18 @@ class RolloutConfig:
     """Disaggregated only: how a sender reaches the engine owners. ``"broadcast"``: one group per sender
     with every owner (a bucket goes out once); ``"p2p"``: one pair group per (sender, owner), each bucket
     sent to each owner in turn. Either carries the same plan."""
+    weight_link_channels: int = 2
+    """Disaggregated only: NCCL channels of each weight link's payload communicator (``ncclConfig_t.maxCTAs``;
+    NCCL's own choice across nodes is often 16 or more). Each channel costs every member about 18.4 MiB of GPU
+    memory (NCCL's default buffers of two ring connections) and one thread block while a bucket is in
+    flight, and an engine owner joins one link per sender. Fewer channels lower one link's bandwidth; the
+    owner drains its links side by side, so their channels add up on its port."""
+    weight_link_nccl_budget_mb: float = 4096.0
+    """Disaggregated only: most GPU memory (MiB) the weight links' NCCL buffers may take on one rank, as
+    ``maspo check`` models them (``weight_link_channels`` x 18.4 MiB per payload communicator); the check
+    fails past it. An engine owner's GPU also holds vLLM worker 0, whose share
+    (``vllm_gpu_memory_utilization``) comes on top: 4096 fits within the 8 GB a 0.9 share leaves of an 80 GB
+    GPU, beside the owner's CUDA context."""
     in_flight_updates: bool = False
     """Disaggregated only: a response in progress when new weights arrive continues under them (each
     token keeps the log-prob and version it was sampled with; the built-in engine swaps weights between
@@ -145,6 +157,12 @@ class RolloutConfig:
             raise ValueError(f"rollout.verify_every must be an integer >= 0 or None, got {self.verify_every!r}")
         if self.pool_timeout_s <= 0:
             raise ValueError(f"rollout.pool_timeout_s must be > 0, got {self.pool_timeout_s}")
+        if not isinstance(self.weight_link_channels, int) or isinstance(self.weight_link_channels, bool) \
+                or not 1 <= self.weight_link_channels <= 64:
+            raise ValueError(f"rollout.weight_link_channels must be an integer in [1, 64] (NCCL's channel limit), "
+                             f"got {self.weight_link_channels!r}")
+        if self.weight_link_nccl_budget_mb <= 0:
+            raise ValueError(f"rollout.weight_link_nccl_budget_mb must be > 0, got {self.weight_link_nccl_budget_mb}")
         if self.in_flight_chunk_tokens < 0:
             raise ValueError(f"rollout.in_flight_chunk_tokens must be >= 0, got {self.in_flight_chunk_tokens}")
         if self.vllm_quantization not in QUANTIZATIONS:

@@ -6,8 +6,13 @@ bucket to every engine owner instead of loading it into a local engine. Two brid
 (``rollout/pools.py``):
 
     ``weights_ctl`` (host, gloo)   {"bucket": metas, crc, index, n}    per bucket, then {"end"} per sync,
-                                   (+ "digests", rollout/digest.py)    {"stop"} once at the end
+                                   (+ "digests", rollout/digest.py)    {"stop"} once at the end (every
+                                                                       sender; the lead's ends the pool)
     ``weights`` (device, NCCL)     the n-byte bucket, GPU to GPU        posted only after its header
+
+With ``rollout.sync_senders=stages`` each sender has such a pair of its own (``PoolLayout.weight_links``);
+an owner drains all of them at once (:class:`WeightReceiver`) and stages the sync once every link has
+sent its ``end``, in the export's global order.
 
 Why two: an NCCL receive waiting for its sender holds the receiving thread's CUDA stream (``wait()``
 makes the current stream wait for the collective). If the receiver thread sat in the next sync's
@@ -17,7 +22,9 @@ gather) would wait for the trainer's next sync, which comes only after the batch
 make: the rollout pool's first-generation hang. So between syncs the receiver waits on the host bridge
 (it blocks that thread only, for as long as ``rollout.pool_timeout_s``, and no NCCL work is pending
 under the NCCL watchdog), posts each payload only once its header has arrived (the trainer is sending
-it), on a side stream of its own, and synchronises that stream before it hands the sync over.
+it), on a side stream of its own (one per link), and synchronises that stream before it hands the sync
+over. The sender, likewise, posts its payloads on a send stream of its own, so its export goes on while
+a bucket is on the wire (:class:`WeightSender`).
 
 On an NCCL bridge the buckets go from the trainer's GPU to the engine owner's GPU with no host copy:
 the sender packs them in device memory (:meth:`WeightSender.bucket_pool`), the receivers get them in
@@ -31,13 +38,15 @@ lets more than one sync queue up, so that wait is a guard, not a stall. A vLLM e
 staged bucket to its workers through its own ``ipc`` / ``bytes`` transport (``VllmEngine.load_buckets``).
 With ``ipc`` the receiver stages into the engine's ``staging_pool()``: host shared memory (``/dev/shm``,
 on GPU too, so a staged sync never takes GPU memory from vLLM), each bucket received in place and mapped by
-the workers without a copy, the buffers recycled once applied. Budget ``/dev/shm`` for about two syncs
+the workers without a copy, the buffers recycled once applied (a staged buffer cut into several runs
+for the export order goes back once the last of them is loaded). Budget ``/dev/shm`` for about two syncs
 (one being applied, the next landing) of the model's bytes in the engine dtype.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -45,9 +54,12 @@ from typing import Any
 
 import torch
 
-from megatron_maspo.parallel import comm
+from megatron_maspo.parallel import comm, streams
 from megatron_maspo.parallel.device import on_cuda
-from megatron_maspo.rollout.buckets import Bucket, checksum, meta_from_wire, meta_to_wire
+from megatron_maspo.rollout.buckets import Bucket, meta_from_wire, meta_to_wire
+from megatron_maspo.rollout.staged import check_complete, in_export_order
+
+__all__ = ["WeightReceiver", "WeightSender", "check_complete"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +69,19 @@ class WeightSender:
     over ``ctl`` (host) and its bytes over ``bridge`` (device where the pools have GPUs; the trainer's side
     of :class:`WeightReceiver`).
 
+    Over a device bridge the payloads are posted on a send stream of this sender's own, not on the default
+    stream the prefetch thread exports and packs on (``weight_sync._send``): events order the two
+    (``parallel/streams.py``): the send waits for the bucket's pack (``Bucket.ready``), and its buffer
+    is packed into again only after the send's event (``Bucket.done(after=...)``). So the export of the
+    next buckets (its TP gathers included) runs while a bucket is on the wire, and the sync's end waits
+    for the last send.
+
     Args:
         bridge, ctl: this sender's first link (``rollout.sync_transport=broadcast``: its only one, to every
             owner).
         more: further ``(bridge, ctl)`` links (``p2p``: one per further owner); each bucket goes over each
             link in turn (its payload bytes still count once in ``sync/sender_bytes_max``).
-        lead: this sender ends the rollout pool (:meth:`stop`): trainer rank 0, whose links every
-            receiver reads first (:class:`FanIn`).
+        lead: this sender's ``stop`` ends the rollout pool: trainer rank 0's (the owners' first link).
     """
 
     def __init__(self, bridge: Any, ctl: Any, *, more: Sequence[tuple[Any, Any]] = (), lead: bool = True) -> None:
@@ -72,6 +90,7 @@ class WeightSender:
         self.lead = lead
         self._version = 0
         self._pool: Any = None
+        self._stream: Any = None
 
     @property
     def policy_version(self) -> int:
@@ -89,105 +108,85 @@ class WeightSender:
         if self._pool is None or self._pool.capacity != bucket_bytes or on_cuda():
             from megatron_maspo.rollout.transport import BucketPool
 
-            self._pool = BucketPool(bucket_bytes, make=comm.device_empty)
+            self._pool = BucketPool(bucket_bytes, make=comm.device_empty, events=True)
         self._pool.reclaim()  # a sync that failed half-way leaves no buffer taken
         return self._pool
 
+    def _send_stream(self) -> Any:
+        if self._stream is None and self.bridge.on_device:
+            self._stream = streams.new_stream("weight sender's send stream")
+        return self._stream
+
     def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
-        for b in buckets:
-            try:
-                header = {"bucket": [meta_to_wire(m) for m in b.metas], "crc": b.checksum, "index": b.index,
-                          "n": b.buffer.numel(), "verify": verify, "digests": b.digests}
-                for bridge, ctl in self.links:
-                    ctl.broadcast_object(header)
-                    bridge.broadcast(b.buffer, 0)
-            finally:
-                b.done()  # NCCL: the pool's next pack into this buffer is queued behind the broadcast
-        for _, ctl in self.links:
-            ctl.broadcast_object({"end": True})
+        stream = self._send_stream()
+        try:
+            for b in buckets:
+                sent = None
+                try:
+                    header = {"bucket": [meta_to_wire(m) for m in b.metas], "crc": b.checksum, "index": b.index,
+                              "n": b.buffer.numel(), "verify": verify, "digests": b.digests}
+                    for bridge, ctl in self.links:
+                        ctl.broadcast_object(header)
+                        with streams.using(stream):
+                            streams.wait(b.ready, stream)  # the pack of this bucket, on the packing stream
+                            bridge.broadcast(b.buffer, 0)
+                    sent = streams.record(stream)
+                finally:
+                    b.done(after=sent)  # the pool's next pack into this buffer waits for the send
+            for _, ctl in self.links:
+                ctl.broadcast_object({"end": True})
+        finally:
+            streams.synchronize(stream)  # every payload on the wire has landed: pool buffers may be freed
         self._version += 1
         if on_cuda():
             self._pool = None
 
     def stop(self) -> None:
-        """Tell every engine owner that no sync follows (its receiver thread ends); only the lead sender
-        sends it (the others' links are not read between syncs)."""
-        if self.lead:
-            for _, ctl in self.links:
-                ctl.broadcast_object({"stop": True})
-
-
-class FanIn:
-    """Several senders' ``(bridge, ctl)`` links read as the one pair a :class:`WeightReceiver` takes.
-
-    One sync arrives as link 0's headers and payloads until its ``end``, then link 1's, ... (the plan's
-    sender order, rank 0 first); the ``end`` of the last link is passed on, the earlier ones are merged
-    into it (a dict-valued key is updated, any other key kept from the last). ``stop`` comes on link 0
-    (trainer rank 0, the lead sender). A payload is received from the link its header came on. Use
-    :attr:`ctl` and :attr:`bridge` in place of the receiver's two bridges (one thread, as a bridge).
-    """
-
-    def __init__(self, links: Sequence[tuple[Any, Any]]) -> None:
-        if not links:
-            raise ValueError("FanIn: no link")
-        self.links = list(links)
-        self._at = 0
-        self._ends: dict = {}
-        self.ctl, self.bridge = _FanInCtl(self), _FanInBridge(self)
-
-    def next_message(self) -> dict:
-        while True:
-            msg = self.links[self._at][1].broadcast_object(None, 0)
-            if "end" not in msg:
-                return msg
-            for k, v in msg.items():
-                if isinstance(v, dict) and isinstance(self._ends.get(k), dict):
-                    self._ends[k] = {**self._ends[k], **v}
-                else:
-                    self._ends[k] = v
-            if self._at + 1 < len(self.links):
-                self._at += 1
-                continue
-            end, self._at, self._ends = self._ends, 0, {}
-            return end
-
-
-class _FanInCtl:
-    def __init__(self, fan: FanIn) -> None:
-        self._fan = fan
-
-    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
-        if obj is not None or root != 0:
-            raise ValueError("FanIn: a receiver only reads headers from the senders")
-        return self._fan.next_message()
-
-
-class _FanInBridge:
-    def __init__(self, fan: FanIn) -> None:
-        self._fan = fan
-        self.on_device = fan.links[0][0].on_device
-
-    def broadcast(self, t: torch.Tensor, root: int = 0) -> torch.Tensor:
-        return self._fan.links[self._fan._at][0].broadcast(t, root)
+        """Tell the engine owners that no sync follows: every sender ends its links' receiver threads; the
+        lead's (trainer rank 0's) ends the receivers themselves."""
+        for _, ctl in self.links:
+            ctl.broadcast_object({"stop": True})
 
 
 class WeightReceiver:
-    """An engine owner's receiving end: a thread takes each sync into one staging slot.
+    """An engine owner's receiving end: one thread per sender link drains that link, and one more merges a
+    sync from every link into one staging slot.
+
+    The links are read all at once, never one after another: a sender's export may wait for another
+    sender (an EP rank that is also a TP peer of its stage's dense sender joins that sender's TP
+    gathers of every layer, ``transfer_plan``'s docstring), so an owner that read link 1 only after
+    link 0's ``end`` would leave EP rank 1 blocked in its first header, its prefetch stopped after two
+    buckets and rank 0 waiting in a gather: a hang until ``rollout.pool_timeout_s``. Each link thread
+    posts its payload receives on a side stream of its own, synchronises it at its link's ``end`` and
+    hands that link's buckets over; once every link has, the sync is checked (:func:`~.staged.check_complete`),
+    put in the export's global order when ``order`` is given (:func:`~.staged.in_export_order`: vLLM then
+    gets each layer whole before the next), and staged. A link thread reads the next sync only once this
+    one is staged, so at most one sync is in flight beside the staged one. ``stop`` on the first link (the
+    lead sender, trainer rank 0) ends the receiver; a stop on another link ends that link's thread; a
+    failure on any link fails the receiver (the engine loop re-raises it).
 
     Args:
-        bridge: the ``weights`` bridge (payloads; this rank a non-root member); used by this thread only.
+        bridge: the first link's ``weights`` bridge (payloads; this rank a non-root member).
         ctl: the ``weights_ctl`` host bridge on the same ranks (headers, end, stop).
+        more: further ``(bridge, ctl)`` links, one per further sender (``rollout.sync_senders=stages``), in
+            the plan's sender order; each bridge is used by its link's thread only.
         device: where staged buckets live (the engine's device; host memory on CPU).
         staging: where staged buckets live instead, when the engine wants them somewhere particular
             (``engine.staging_pool()``: a vLLM engine's ``ipc`` transport takes shared-memory buffers,
             so each bucket is received straight into memory its workers map; recycled across syncs).
             Its buffers go back to it as the engine finishes each bucket (``Bucket.done``).
+        order: HF names in the export's global order (``[s.name for s in plan.sends]``); with several
+            links the engine gets the staged sync in this order; None = link order.
     """
 
-    def __init__(self, bridge: Any, ctl: Any, *, device: torch.device | str = "cpu", staging: Any = None) -> None:
+    def __init__(self, bridge: Any, ctl: Any, *, more: Sequence[tuple[Any, Any]] = (),
+                 device: torch.device | str = "cpu", staging: Any = None, order: Sequence[str] | None = None) -> None:
         self.bridge, self.ctl, self.device, self.staging = bridge, ctl, torch.device(device), staging
+        self.links = [(bridge, ctl), *more]
+        self.order = {n: i for i, n in enumerate(order)} if order is not None else None
         self._cond = threading.Condition()
         self._slot: list[Bucket] | None = None
+        self._slot_meta: dict = {}  # the staged sync's index (1-based, this process) and when it was staged
         self._verify = True
         self.stopped = False
         self.error: BaseException | None = None
@@ -196,56 +195,109 @@ class WeightReceiver:
         self.applied: list[dict] = []  # per applied sync: its pause and verification cost (pop_applied)
         self._verifier: threading.Thread | None = None  # a deferred digest check in flight (settle)
         self._verify_error: BaseException | None = None
+        self._inbox: queue.Queue[tuple[int, str, Any]] = queue.Queue()
+        self._credit = [threading.Semaphore(1) for _ in self.links]  # a link may read its next sync
+        self._link_threads: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._run, name="maspo-weight-receiver", daemon=True)
         self._thread.start()
 
-    # ------------------------------------------------------------ receiver thread
-    def _receive(self, n: int) -> tuple[torch.Tensor, Any]:
-        """Post the receive of one n-byte bucket (on this thread's side stream); (buffer, release)."""
+    # ------------------------------------------------------------ receiver threads
+    def _receive(self, bridge: Any, n: int) -> tuple[torch.Tensor, Any]:
+        """Post the receive of one n-byte bucket (on the calling link thread's side stream); (buffer, release)."""
         if self.staging is not None:  # host shared memory the engine's workers map (the bridge stages)
             buf, release = self.staging.alloc(n)
-            self.bridge.broadcast(buf, 0)
+            bridge.broadcast(buf, 0)
             return buf, release
-        on_device = self.bridge.on_device
+        on_device = bridge.on_device
         buf = comm.device_empty(n) if on_device else torch.empty(n, dtype=torch.uint8)
-        self.bridge.broadcast(buf, 0)
+        bridge.broadcast(buf, 0)
         if not on_device and buf.device != self.device:
             buf = buf.to(self.device)
         return buf, None
 
-    def _run(self) -> None:
+    def _drain(self, i: int, device: torch.device | None) -> None:
+        """Link ``i``'s thread: each sync's headers and payloads to its ``end``, then into the inbox."""
+        from megatron_maspo.rollout.transport import bind_thread_device
+
+        bridge, ctl = self.links[i]
         try:
-            with comm.side_stream("weight receiver's stream") as stream:
+            bind_thread_device(device)
+            with comm.side_stream(f"weight link {i}'s receive stream") as stream:
                 while True:
+                    self._credit[i].acquire()  # the previous sync is staged (or none came yet)
                     staged: list[Bucket] = []
+                    verify = True
                     while True:
-                        msg = self.ctl.broadcast_object(None, 0)  # host: holds no stream while it waits
+                        msg = ctl.broadcast_object(None, 0)  # host: holds no stream while it waits
                         if "stop" in msg:
-                            with self._cond:
-                                self.stopped = True
-                                self._cond.notify_all()
+                            self._inbox.put((i, "stop", None))
                             return
                         if "end" in msg:
                             break
-                        buf, release = self._receive(msg["n"])
+                        buf, release = self._receive(bridge, msg["n"])
                         staged.append(Bucket(buf, [meta_from_wire(w) for w in msg["bucket"]], msg["crc"],
                                              msg["index"], release=release, digests=msg.get("digests")))
-                        self._verify = bool(msg["verify"])
-                    stream.synchronize()  # every payload landed before the engine loop reads one
-                    check_complete(staged)  # here, off the engine loop: a bad sync never reaches it
+                        verify = bool(msg["verify"])
+                    stream.synchronize()  # every payload landed before another thread reads one
                     for b in staged:
                         comm.record_for_default_stream(b.buffer)
-                    with self._cond:
-                        # one staged sync at a time: the schedule never sends the next before this one is used
-                        while self._slot is not None:
-                            self._cond.wait()
-                        self._slot = staged
-                        self.received += 1
-                        self._cond.notify_all()
+                    self._inbox.put((i, "sync", (staged, msg, verify)))
+        except BaseException as e:  # a dead sender or a broken bridge
+            self._inbox.put((i, "error", e))
+
+    def _run(self) -> None:
+        from megatron_maspo.rollout.transport import caller_device
+
+        try:
+            device = caller_device()
+            for i in range(len(self.links)):
+                th = threading.Thread(target=self._drain, args=(i, device), name=f"maspo-weight-link{i}",
+                                      daemon=True)
+                self._link_threads.append(th)
+                th.start()
+            pending: list[list] = [[] for _ in self.links]
+            ended: set[int] = set()  # links whose sender said stop
+            while True:
+                i, kind, val = self._inbox.get()
+                if kind == "error":
+                    raise RuntimeError(f"weight link {i} of {len(self.links)} failed: {val!r}") from val
+                if kind == "stop":
+                    if i == 0:  # the lead sender: no sync follows
+                        with self._cond:
+                            self.stopped = True
+                            self._cond.notify_all()
+                        return
+                    ended.add(i)
+                    continue
+                if ended:
+                    raise RuntimeError(f"weight link(s) {sorted(ended)} said stop, but link {i} sends another sync")
+                pending[i].append(val)
+                if all(pending):
+                    self._stage([p.pop(0) for p in pending])
         except BaseException as e:  # a dead trainer or a broken bridge: the engine loop re-raises it
             with self._cond:
                 self.error = e
                 self._cond.notify_all()
+
+    def _stage(self, parts: list[tuple[list[Bucket], dict, bool]]) -> None:
+        """One sync from every link: check it, order it, wait for the slot, stage it, let the links go on."""
+        staged = [b for bs, _, _ in parts for b in bs]  # link order: each sender's stream order
+        check_complete(staged)  # here, off the engine loop: a bad sync never reaches it
+        if self.order is not None and len(parts) > 1:
+            staged = in_export_order(staged, self.order)
+        with self._cond:
+            # one staged sync at a time: the schedule never sends the next before this one is used
+            while self._slot is not None:
+                self._cond.wait()
+            self._slot = staged
+            self._verify = all(v for _, _, v in parts)
+            self.received += 1
+            # the sync's last byte is staged on this engine (every link's stream synchronised): the end of
+            # sync/transfer_s, on the wall clock the trainer's start is read on (train/rollouts/remote.py)
+            self._slot_meta = {"sync": self.received, "staged_at": time.time()}
+            self._cond.notify_all()
+        for c in self._credit:
+            c.release()
 
     # ------------------------------------------------------------ engine loop side
     def _raise_if_failed(self) -> None:
@@ -258,6 +310,7 @@ class WeightReceiver:
         with self._cond:
             self._raise_if_failed()
             slot, self._slot = self._slot, None
+            meta = self._slot_meta
             if slot is not None:
                 self._cond.notify_all()
         if slot is None:
@@ -272,7 +325,7 @@ class WeightReceiver:
             for b in slot:  # pooled buffers back to the staging pool (no-op for those the engine released)
                 b.done()
         entry = {"engine_pause_s": time.perf_counter() - t0, "verify_s": engine.verify_s,
-                 "verify_full_s": engine.verify_full_s}
+                 "verify_full_s": engine.verify_full_s, **meta}
         self.applied.append(entry)
         check = engine.deferred_check()
         if check is not None:  # the digest check runs beside generation: the pause was the copy-in only
@@ -308,8 +361,9 @@ class WeightReceiver:
     def pop_applied(self) -> list[dict]:
         """Per sync applied since the last call (after :meth:`settle`, which may raise):
         ``engine_pause_s`` (the engine loop's wall time in :meth:`apply_staged`: no token is generated
-        meanwhile), ``verify_s`` (its digest check, in the pause or beside generation) and
-        ``verify_full_s``."""
+        meanwhile), ``verify_s`` (its digest check, in the pause or beside generation),
+        ``verify_full_s``, ``sync`` (the sync's index, 1-based, counted by this receiver as the senders count
+        theirs) and ``staged_at`` (``time.time()`` when its last byte was staged here)."""
         self.settle()
         out, self.applied = self.applied, []
         return out
@@ -347,34 +401,8 @@ class WeightReceiver:
         return True
 
     def join(self, timeout_s: float = 60.0) -> None:
-        self._thread.join(timeout_s)
-
-
-def check_complete(staged: list[Bucket]) -> None:
-    """Before a staged sync may be activated: every bucket's crc32 matches (host buffers; device buffers
-    carry none) and every tensor's bytes arrived whole (each split tensor's pieces tile it in order).
-    A bucket whose crc32 matched has its ``checksum`` cleared: the engine need not compute it again.
-
-    Raises:
-        ValueError: naming the bucket or the tensor; the sync is then never handed to the engine.
-    """
-    got: dict[str, int] = {}
-    for b in staged:
-        if b.checksum is not None and not b.buffer.is_cuda:
-            crc = checksum(b.buffer)
-            if crc != b.checksum:
-                raise ValueError(f"weight-sync bucket {b.index} arrived corrupted: crc32 {crc:#010x} != sent "
-                                 f"{b.checksum:#010x}; the staged version is discarded")
-            b.checksum = None
-        for m in b.metas:
-            if m.offset + m.span > b.buffer.numel():
-                raise ValueError(f"tensor {m.name!r} spans beyond bucket {b.index} ({b.buffer.numel()} bytes)")
-            start = 0 if m.part is None else m.part[0]
-            if got.get(m.name, 0) != start:
-                raise ValueError(f"weight sync: tensor {m.name!r} bytes from {start} arrived after "
-                                 f"{got.get(m.name, 0)}; the staged version is discarded")
-            got[m.name] = start + m.span
-    size = {m.name: m.nbytes for b in staged for m in b.metas}
-    short = sorted(n for n, nbytes in size.items() if got[n] != nbytes)
-    if short:
-        raise ValueError(f"weight sync ended with tensors incomplete: {short[:4]}; the staged version is discarded")
+        """Wait (up to ``timeout_s`` in all) for the receiver and its link threads to end: after the lead's
+        stop, every other sender's stop still arrives on its link before its process exits."""
+        deadline = time.monotonic() + timeout_s
+        for th in [self._thread, *self._link_threads]:
+            th.join(max(0.0, deadline - time.monotonic()))

@@ -13,7 +13,10 @@ so the trainer, the rollout pool, ``maspo check`` and the planner read the same 
                    rank, each EP rank: ``weights_s<rank>``), or with ``sync_transport=p2p`` one pair per
                    (sender, owner) (:attr:`PoolLayout.weight_links`);
                    ``batches`` bridge (host: pickled batches): the lead engine (root, pool rank 0) + every
-                   trainer rank
+                   trainer rank;
+                   with several broadcast links, ``weights_parent`` (every sender + every owner): the NCCL
+                   communicator each link's payload communicator is split from (:attr:`PoolLayout.bridge_comms`,
+                   the list every rank builds its bridges from, in one pass at start-up)
 
 The rollout pool shards each step's prompts over its engines exactly as a colocated fleet does
 (:attr:`PoolLayout.fleet` is a :class:`~.fleet.FleetLayout` over the pool), gathers the graded groups inside
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megatron_maspo.parallel.group_plan import HOST, PARENT, PAYLOAD, CommSpec
 from megatron_maspo.rollout.engines import engine_tp
 from megatron_maspo.rollout.fleet import (
     EnginePlacement,
@@ -81,6 +85,10 @@ class PoolLayout:
         if self.trainer_world % mp:
             raise ValueError(f"pools: the training pool's {self.trainer_world} ranks are not a multiple of "
                              f"tp*pp*cp={mp}")
+        stage = self.trainer_world // self.pp
+        if self.moe and self.ep > 1 and stage % self.ep:  # Megatron's expert grid: expert-DP = tp*cp*dp / ep
+            raise ValueError(f"pools: tp*cp*dp = {stage} (the training pool's ranks per stage) is not divisible by "
+                             f"ep={self.ep} (Megatron's expert data parallelism is tp*cp*dp / ep)")
 
     @property
     def trainer_world(self) -> int:
@@ -150,6 +158,27 @@ class PoolLayout:
                 out += [WeightLink(f"weights_s{s}_o{o}", (s, o)) for o in self.owner_ranks]
             else:
                 out.append(WeightLink("weights" if s == 0 else f"weights_s{s}", (s, *self.owner_ranks)))
+        return tuple(out)
+
+    @property
+    def bridge_comms(self) -> tuple[CommSpec, ...]:
+        """Every group between the pools, in the one order every rank builds them (``train/rollouts/pool.py``)
+        and ``maspo check`` counts them: :attr:`weight_links`' payload and header groups, then ``batches``.
+
+        With more than one broadcast link a ``weights_parent`` over every sender and owner comes first, and
+        each link's payload communicator is an ``ncclCommSplit`` of it (colour = the link's index): made at
+        start-up from one bootstrap, every member of the parent taking part in each split. ``p2p`` pairs
+        are made on their own (a split would involve every sender and owner once per pair).
+        """
+        links = self.weight_links
+        out: list[CommSpec] = []
+        parent = None
+        if self.sync_transport == "broadcast" and len(links) > 1:
+            parent = "weights_parent"
+            out.append(CommSpec(parent, tuple(dict.fromkeys((*self.sender_ranks, *self.owner_ranks))), PARENT))
+        for i, link in enumerate(links):
+            out += [CommSpec(link.name, link.ranks, PAYLOAD, parent, i), CommSpec(link.ctl_name, link.ranks, HOST)]
+        out.append(CommSpec("batches", self.batches_ranks, HOST))
         return tuple(out)
 
     @property

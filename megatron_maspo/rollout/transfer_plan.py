@@ -9,10 +9,20 @@ Trainer layout (Megatron's rank order tp-cp-ep-dp-pp, tensor fastest; one pipeli
 
     dense tensor of stage s        sent by rank  s·tp·cp·dp           (tp 0, cp 0, dp 0 of stage s)
     expert e (EP rank j = e // (E/ep)) of stage s
-                                   sent by rank  s·tp·cp·dp + etp·j   (expert grid tp-ep-dp-pp, etp = tp,
-                                                                        expert-DP rank 0)
+                                   sent by rank  s·tp·cp·dp + k·ep + j   (expert-DP rank k, below)
     stage of a layer               layer l on chunk c = l // (L / (pp·vpp)), stage c mod pp (interleaved)
     embedding / final norm, head   first / last stage (a tied head is the embedding: sent once)
+
+Experts are never split over TP (``parallel/groups.py`` builds Megatron with expert TP 1), so Megatron's
+expert grid is its ``RankGenerator(tp=1, ep, dp=tp·cp·dp/ep, pp)``: inside a stage, EP rank j of expert-DP
+replica k is stage rank ``k·ep + j`` (:meth:`TrainerLayout.expert_rank`), and every such rank holds the
+experts of EP rank j whole. Which replica sends them: the first k with ``k·ep + j >= tp``, i.e. a rank
+outside the dense sender's TP group, and k = 0 when the stage has no replica there (``tp·cp·dp/ep`` = 1, or
+every replica of j inside that group). The dense sender's export all-gathers the TP shards of every layer
+from its TP group; an expert sender outside that group has no collective in its export at all, so no
+sender's export waits for another sender's link to be drained (the owners read all links at once anyway,
+``pool_sync.WeightReceiver``, which is what keeps a TP 2 x EP 2 stage without replicas, where EP rank 1 is
+the dense sender's TP peer, from deadlocking). It also takes the expert bytes off the dense sender.
 
 ``senders="rank0"`` is the funnel (every tensor from trainer rank 0, today's path, kept for comparison).
 
@@ -79,9 +89,27 @@ class TrainerLayout:
         """Global rank that sends stage ``stage``'s non-expert tensors (tp 0, cp 0, dp 0)."""
         return self.first_rank + stage * self.stage_size
 
+    @property
+    def expert_replicas(self) -> int:
+        """Expert-DP replicas of one stage: ``tp·cp·dp / ep`` (Megatron's expert-DP size, expert TP 1)."""
+        if self.stage_size % self.ep:
+            raise ValueError(f"transfer plan: ep={self.ep} does not divide a stage's tp*cp*dp={self.stage_size} "
+                             "ranks")
+        return self.stage_size // self.ep
+
+    def expert_rank(self, stage: int, ep_rank: int, replica: int = 0) -> int:
+        """Global rank of EP rank ``ep_rank`` of expert-DP replica ``replica`` on stage ``stage``
+        (Megatron's expert grid with expert TP 1: ``s·tp·cp·dp + replica·ep + ep_rank``)."""
+        if not (0 <= ep_rank < self.ep and 0 <= replica < self.expert_replicas):
+            raise ValueError(f"transfer plan: EP rank {ep_rank} / expert-DP replica {replica} outside ep={self.ep}"
+                             f" x {self.expert_replicas}")
+        return self.dense_sender(stage) + replica * self.ep + ep_rank
+
     def expert_sender(self, stage: int, ep_rank: int) -> int:
-        """Global rank of EP rank ``ep_rank`` (expert TP rank 0, expert-DP rank 0) on stage ``stage``."""
-        return self.dense_sender(stage) + self.tp * ep_rank
+        """Global rank that sends EP rank ``ep_rank``'s experts on stage ``stage``: its first expert-DP
+        replica outside the dense sender's TP group, else replica 0 (module docstring)."""
+        outside = [k for k in range(self.expert_replicas) if k * self.ep + ep_rank >= self.tp]
+        return self.expert_rank(stage, ep_rank, outside[0] if outside else 0)
 
     def senders(self, *, moe: bool) -> tuple[int, ...]:
         """Every rank that sends in a ``"stages"`` sync, ascending: each stage's dense sender, plus its EP
@@ -279,10 +307,19 @@ def plan_pool_transfer(spec: ArchSpec, pools: Any, dtype: str) -> TransferPlan:
 
     Raises:
         PlanCoverageError: the plan leaves an engine tensor uncovered (or covers one twice).
-        ValueError: the plan names a sender the job has no weight link for.
+        ValueError: the plan names a sender outside the training pool or without a weight link, or a link
+            names a rank twice (``bridge.Bridge`` would refuse it at start-up).
     """
     plan = build_plan(spec, pools.trainer_layout, pools.owner_ranks, dtype=dtype, senders="stages")
     check_coverage(plan, spec)
+    trainers = pools.trainer_world
+    outside = sorted(r for r in plan.senders if not 0 <= r < trainers)
+    if outside:
+        raise ValueError(f"transfer plan: senders {outside[:4]} lie outside the training pool (ranks 0-{trainers - 1})"
+                         " (an expert rank formula that disagrees with Megatron's expert grid)")
+    for link in pools.weight_links:
+        if len(set(link.ranks)) != len(link.ranks):
+            raise ValueError(f"transfer plan: weight link {link.name!r} names a rank twice: {link.ranks}")
     linked = set(pools.sender_ranks)
     if not set(plan.senders) <= linked:
         raise ValueError(f"transfer plan: ranks {sorted(set(plan.senders) - linked)} send weights but have no "

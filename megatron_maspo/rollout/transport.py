@@ -25,6 +25,7 @@ import io
 import pickle
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -91,13 +92,17 @@ class BucketPool:
         count: 2 = double buffering (pack one while the engine reads the other).
         make: ``nbytes -> uint8 buffer`` to allocate with instead (``comm.device_empty``: device
             buffers of a sender whose bytes go GPU to GPU); None = ``torch.empty`` on ``device``.
+        events: the reader orders itself by events (``Bucket.ready``, and ``Bucket.done(after=event)``
+            back): packing records an event instead of syncing the host, and a buffer handed back with an
+            event is packed into again only after it (a stream wait: ``parallel/streams.py``).
     """
 
     def __init__(self, capacity: int, device: torch.device | str = "cpu", count: int = 2, *,
-                 make: Callable[[int], torch.Tensor] | None = None) -> None:
+                 make: Callable[[int], torch.Tensor] | None = None, events: bool = False) -> None:
         self.device = torch.device(device)
         self.capacity = capacity
-        self._free: queue.Queue[torch.Tensor] = queue.Queue()
+        self.events = events
+        self._free: queue.Queue[tuple[torch.Tensor, Any]] = queue.Queue()
         self._bases: dict[int, torch.Tensor] = {}
         for _ in range(count):
             if make is not None:  # e.g. comm.device_empty: this process's GPU, nothing to share
@@ -109,14 +114,20 @@ class BucketPool:
                 with file_system_sharing():
                     buf.share_memory_()
             self._bases[buf.data_ptr()] = buf
-            self._free.put(buf)
+            self._free.put((buf, None))
 
     def alloc(self, nbytes: int) -> torch.Tensor:
-        """A free buffer's first ``nbytes`` bytes (its contents are stale: the caller fills all of them)."""
-        buf = self._free.get()
+        """A free buffer's first ``nbytes`` bytes (its contents are stale: the caller fills all of them).
+        Work the caller queues on its current stream after this call runs after the buffer's last read
+        (the event it was handed back with)."""
+        buf, after = self._free.get()
         if nbytes > buf.numel():
-            self._free.put(buf)
+            self._free.put((buf, after))
             raise ValueError(f"bucket of {nbytes} bytes > pool buffer of {buf.numel()} bytes")
+        if after is not None:
+            from megatron_maspo.parallel import streams
+
+            streams.wait(after, device=buf.device if buf.is_cuda else None)
         return buf[:nbytes]
 
     def reclaim(self) -> None:
@@ -128,12 +139,13 @@ class BucketPool:
             except queue.Empty:
                 break
         for base in self._bases.values():
-            self._free.put(base)
+            self._free.put((base, None))
 
-    def releaser(self, view: torch.Tensor) -> Callable[[], None]:
-        """The callback that hands ``view``'s buffer back (call once, after its last reader returned)."""
+    def releaser(self, view: torch.Tensor) -> Callable[..., None]:
+        """The callback that hands ``view``'s buffer back (call once, after its last reader returned, or
+        with the event of a read still in flight: ``release(after)``)."""
         base = self._bases[view.data_ptr()]
-        return lambda: self._free.put(base)
+        return lambda after=None: self._free.put((base, after))
 
 
 class StagingPool:
@@ -162,17 +174,20 @@ class StagingPool:
             return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         with file_system_sharing():
             storage = torch.UntypedStorage._new_shared(nbytes)  # in shared memory from the start: no copy
-        return torch.empty(0, dtype=torch.uint8).set_(storage)
+        buf = torch.empty(0, dtype=torch.uint8).set_(storage)
+        # on CUDA the receiver's device-to-host copy lands here: page-locked, it is one DMA, not a staged
+        # pageable copy (registered once per buffer; unregistered before the buffer is freed)
+        unpin = comm.pin_host(buf)
+        if unpin is not None:
+            weakref.finalize(buf, unpin)
+        return buf
 
     def alloc(self, nbytes: int) -> tuple[torch.Tensor, Callable[[], None]]:
         """A buffer's first ``nbytes`` bytes (stale contents) and the callback that returns it."""
         with self._lock:
-            fits = [b for b in self._free if b.numel() >= nbytes]
-            if fits:
-                base = min(fits, key=torch.Tensor.numel)
-                self._free.remove(base)
-            else:
-                base = None
+            fits = [i for i, b in enumerate(self._free) if b.numel() >= nbytes]
+            # by index: list.remove would compare tensors with == (elementwise), which raises
+            base = self._free.pop(min(fits, key=lambda i: self._free[i].numel())) if fits else None
         if base is None:
             base = self._new(nbytes)
             self.allocated += 1

@@ -24,7 +24,11 @@ from megatron_maspo.rollout.buckets import (
     unpack_bucket,
 )
 from megatron_maspo.rollout.vllm_engine import vllm_config_scope, vllm_tp_size
-from megatron_maspo.rollout.vllm_reload import quantiser_owned, reload_api, rerun_skipped_expert_hooks
+from megatron_maspo.rollout.vllm_reload import (
+    quantiser_owned,
+    reload_api,
+    rerun_skipped_expert_hooks,
+)
 
 
 class MaspoWorkerExtension:

@@ -210,7 +210,8 @@ def _send(stream: Iterator[tuple[str, torch.Tensor]], sink: WeightSink, bucket_b
     return stats
 
 
-def sync_metrics(per_rank: Sequence[tuple[float, float]], *, sharded: bool) -> dict[str, float]:
+def sync_metrics(per_rank: Sequence[tuple[float, float]], *, sharded: bool,
+                 at_engines: bool = False) -> dict[str, float]:
     """The per-sync figures from every trainer rank's ``(payload bytes sent, seconds from the sync's common
     start to its last bucket handed over)``.
 
@@ -220,12 +221,17 @@ def sync_metrics(per_rank: Sequence[tuple[float, float]], *, sharded: bool) -> d
     counts once; alignment padding excluded); ``sync/transfer_s``: the common start to the slowest sender's
     last bucket; ``sync/gb_per_s`` = bytes_total / transfer_s, ``sync/sender_gb_per_s`` = sender_bytes_max /
     transfer_s.
+
+    ``at_engines``: the engines end the transfer (a disaggregated job: ``train/rollouts/remote.py::
+    engine_transfer`` logs ``sync/transfer_s`` to the last byte staged on the slowest engine, when their
+    reports come back); the senders' figure is then ``sync/send_s``, and the rates are over it.
     """
     sent = [b for b, _ in per_rank]
     total = float(sum(sent) if sharded else max(sent, default=0.0))
     top = float(max(sent, default=0.0))
     secs = float(max((s for b, s in per_rank if b > 0), default=0.0))
-    return {"sync/bytes_total": total, "sync/sender_bytes_max": top, "sync/transfer_s": secs,
+    return {"sync/bytes_total": total, "sync/sender_bytes_max": top,
+            "sync/send_s" if at_engines else "sync/transfer_s": secs,
             "sync/gb_per_s": total / max(secs, 1e-9) / 1e9, "sync/sender_gb_per_s": top / max(secs, 1e-9) / 1e9}
 
 

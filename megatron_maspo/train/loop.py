@@ -199,6 +199,7 @@ class Trainer:
             self.colocation.prepare_sync()  # engine weights back; its KV cache waits for the offload
             comm.barrier()  # the common start of sync/transfer_s (every rank is here anyway)
             t0 = time.perf_counter()
+            self.rollouts.sync_started()
             args = dict(bucket_bytes=bucket_bytes_from_mb(rc.bucket_mb), dtype=dtype,
                         verify_checksums=rc.verify_checksums,
                         digests=digest.plan(self.syncs_done, rc.verify_every_resolved))
@@ -218,7 +219,8 @@ class Trainer:
         if copied is not None:
             self.sync_host_copy_bytes = float(comm.host_copy_bytes() - copied)
         # every trainer rank's bytes and end time (collective): rank 0 logs the sync's figures
-        self.sync_figures = sync_metrics(comm.all_gather_object(mine), sharded=self.transfer_plan is not None)
+        self.sync_figures = sync_metrics(comm.all_gather_object(mine), sharded=self.transfer_plan is not None,
+                                         at_engines=rc.placement == "disaggregated")
         return stats.seconds
 
     def save(self) -> None:

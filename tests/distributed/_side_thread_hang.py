@@ -18,13 +18,14 @@ import time
 import torch
 
 from megatron_maspo.parallel import comm
+from megatron_maspo.parallel.bridge import Bridge
 from megatron_maspo.parallel.failure import exit_on_error
 
 
 def main(mode: str) -> None:
     rank, world = comm.init_default_group(120)
     store = comm.job_store(120)
-    bridge = comm.Bridge(store, "weights", (0, 1), rank, device=True, timeout_s=120)
+    bridge = Bridge(store, "weights", (0, 1), rank, device=True, timeout_s=120)
     got: list[float] = []
     posting = threading.Event()
 

@@ -144,14 +144,15 @@ def _pool_world(rank: int, world: int, port: int, loop: str, kind: str):
     import torch.distributed as dist
 
     from megatron_maspo.parallel import comm
+    from megatron_maspo.parallel.bridge import Bridge
     from megatron_maspo.rollout.buckets import pack_buckets
     from megatron_maspo.rollout.pool_sync import WeightReceiver, WeightSender
 
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0)
     ranks = tuple(range(world))
-    weights = comm.Bridge(store, "weights", ranks, rank, device=True)
-    ctl = comm.Bridge(store, "weights_ctl", ranks, rank)
-    batches = comm.Bridge(store, "batches", (1, 0), rank) if rank in (0, 1) else None
+    weights = Bridge(store, "weights", ranks, rank, device=True)
+    ctl = Bridge(store, "weights_ctl", ranks, rank)
+    batches = Bridge(store, "batches", (1, 0), rank) if rank in (0, 1) else None
     pool = dist.new_group(list(range(1, world)))  # the rollout pool's group (NCCL on GPUs)
     syncs = [_weights(1), _weights(2)]
     if rank == 0:

@@ -24,7 +24,7 @@ BUCKET = 20_000  # bytes: smaller than the embedding, so one tensor is split ove
 
 
 def _worker(rank: int, world: int, port: int, spec: ArchSpec, tp: int, pp: int, ep: int, engines: int,
-            transport: str, die: bool):
+            transport: str, die: bool, bucket: int = BUCKET, timeout: float = 120.0):
     import torch.distributed as dist
 
     from megatron_maspo.conversion.megatron_to_hf import export_hf_weights
@@ -45,14 +45,16 @@ def _worker(rank: int, world: int, port: int, spec: ArchSpec, tp: int, pp: int, 
                      sync_transport=transport)
     role = lay.role(rank)
     size = lay.trainer_world if role == TRAIN else lay.engine_ranks
-    comm.init_pool_group(store, role, lay.pool_rank(rank), size, 120)
+    comm.init_pool_group(store, role, lay.pool_rank(rank), size, timeout)
     pools = JobPools(lay, rank, store)
-    links, _ = bridges(RolloutConfig(placement="disaggregated", engine_ranks=engines, pool_timeout_s=120), pools)
+    links, _ = bridges(RolloutConfig(placement="disaggregated", engine_ranks=engines, pool_timeout_s=timeout),
+                       pools)
     if role == TRAIN:
         groups = init_parallel(tp=tp, pp=pp, ep=ep, seed=3)
         torch.manual_seed(3 + groups.pp_rank * 10 + groups.ep_rank)
-        chunks = build_model_chunks(spec, ModelBuildOptions(tp=tp, pp=pp, ep=ep, make_vocab_size_divisible_by=16),
-                                    pp_rank=groups.pp_rank)
+        opts = ModelBuildOptions(tp=tp, pp=pp, ep=ep, make_vocab_size_divisible_by=16,
+                                 sequence_parallel=spec.is_moe and tp > 1)  # Megatron: MoE at TP > 1 needs SP
+        chunks = build_model_chunks(spec, opts, pp_rank=groups.pp_rank)
         plan = plan_pool_transfer(spec, lay, "float32")
         sender = sending_end(links, rank)
         out = {"exports": [], "sent": []}
@@ -66,7 +68,7 @@ def _worker(rank: int, world: int, port: int, spec: ArchSpec, tp: int, pp: int, 
             ref = {n: t.clone() for n, t in export_hf_weights(chunks, spec, groups, dtype=torch.float32)}
             if die and version == 2 and rank == lay.sender_ranks[-1]:
                 sender = _DiesAfterOneBucket(sender, rank)
-            stats = sync_weights_sharded(chunks, spec, groups, sender, plan, bucket_bytes=BUCKET,
+            stats = sync_weights_sharded(chunks, spec, groups, sender, plan, bucket_bytes=bucket,
                                          dtype=torch.float32, verify_checksums=True)
             out["sent"].append(stats.payload_bytes)
             if rank == 0:
@@ -81,13 +83,14 @@ def _worker(rank: int, world: int, port: int, spec: ArchSpec, tp: int, pp: int, 
     if not links:  # not an engine owner
         return {}
     engine = BuiltinEngine.from_hf_config(hf_config_dict(spec))
-    bridge, ctl = receiving_end(links)
-    receiver = WeightReceiver(bridge, ctl)
+    (bridge, ctl), *more = receiving_end(links)
+    order = [s.name for s in plan_pool_transfer(spec, lay, "float32").sends]
+    receiver = WeightReceiver(bridge, ctl, more=more, order=order)
     got = []
     for v in (1, 2):
-        assert receiver.wait_for(lambda v=v: engine.policy_version >= v, engine, timeout_s=120)
+        assert receiver.wait_for(lambda v=v: engine.policy_version >= v, engine, timeout_s=timeout)
         got.append({k: p.detach().clone() for k, p in engine.model.state_dict().items()})
-    assert receiver.wait_for(lambda: False, engine, timeout_s=120) is False
+    assert receiver.wait_for(lambda: False, engine, timeout_s=timeout) is False
     receiver.join()
     return {"weights": got}
 
@@ -159,3 +162,18 @@ def test_ep2_experts_sent_by_their_own_ep_ranks():
 def test_a_stage_dying_mid_transfer_ends_the_job_with_its_traceback():
     with pytest.raises(WorkerError, match="stage sender rank 1 dies mid-transfer"):
         run_workers(_worker, 3, free_port(), DENSE, 1, 2, 1, 1, "broadcast", True, fresh=True, timeout_s=200)
+
+
+@pytest.mark.parametrize("emulate", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["gloo", "gpu_emulation"])
+def test_tp2_ep2_stage_whose_second_ep_rank_is_the_dense_senders_tp_peer(monkeypatch, emulate):
+    """TP 2 x EP 2 on one stage of two ranks (no expert-DP replica): EP rank 1 (trainer rank 1) sends its
+    experts over its own link while its export still has to join rank 0's TP gathers of every later
+    layer. Read link by link, the owner would wait for link 0's end, rank 1 would stop after two buckets
+    (its pool of two) and stop gathering: a hang until the timeout. 2 KiB buckets give rank 1 a dozen."""
+    if emulate:
+        monkeypatch.setenv("MASPO_EMULATE_GPU", "1")
+        monkeypatch.setenv("MASPO_EMULATE_GPU_TIMEOUT_S", "30")
+    res = run_workers(_worker, 3, free_port(), MOE, 2, 1, 2, 1, "broadcast", False, 2048, 30.0, fresh=True,
+                      timeout_s=200)
+    _check(res, 3, 1)
+    assert res[0]["plan_bytes"] > 0 and res[1]["plan_bytes"] > 0

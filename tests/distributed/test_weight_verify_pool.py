@@ -31,7 +31,7 @@ def _weights(seed: int) -> dict[str, torch.Tensor]:
 def _bridges(rank: int, world: int, port: int, timeout_s: float = 120.0):
     import torch.distributed as dist
 
-    from megatron_maspo.parallel.comm import Bridge
+    from megatron_maspo.parallel.bridge import Bridge
 
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0)
     ranks = tuple(range(world))

@@ -236,7 +236,9 @@ def test_stage_senders_halve_the_largest_sender_and_keep_the_rewards(tmp_path, e
     ra, rb = _metrics(tmp_path / "stages"), _metrics(tmp_path / "funnel")
     for r in ra:
         assert r["sync/sender_bytes_max"] / r["sync/bytes_total"] <= 0.65
-        assert r["sync/transfer_s"] > 0
+        assert r["sync/send_s"] > 0
+    # measured at the engines: reported once both owners have applied a sync (a step or more later)
+    assert any(r.get("sync/transfer_s", 0) > 0 for r in ra)
     assert [r["sync/sender_bytes_max"] / r["sync/bytes_total"] for r in rb] == [1.0] * 4
     assert [r["sync/bytes_total"] for r in ra] == [r["sync/bytes_total"] for r in rb]
     assert [r["reward/mean"] for r in ra] == [r["reward/mean"] for r in rb]

@@ -76,3 +76,23 @@ def test_varlen_matches_packed_sdpa_on_gpu():
     """attention_backend='varlen' (one varlen flash call per layer) through the actor: written, not yet run."""
     res = run_workers(_worker, 1, ("packed_sdpa", "varlen"), 1, backend="nccl")[0]
     _close(res["varlen"], res["packed_sdpa"], tol=3e-2)
+
+
+def test_varlen_kernel_takes_mla_head_dims_on_gpu():
+    """DeepSeek-V3's MLA head dims (d_qk 192, d_v 128) through torch's varlen kernel (FlashAttention-2, which
+    wants v at the query's head size): ``varlen_call`` pads v and the sliced output is per-sequence SDPA's."""
+    import torch.nn.functional as F
+    from torch.nn.attention.varlen import varlen_attn
+
+    from megatron_maspo.model.varlen_attention import varlen_call
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bounds = [0, 100, 101, 356]
+    q, k = (torch.randn(356, 4, 192, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    v = torch.randn(356, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    cu = torch.tensor(bounds, device="cuda", dtype=torch.int32)
+    args, kw = varlen_call(q, k, v, cu, 255, scale=192 ** -0.5, causal=True, kernel=varlen_attn)
+    got = varlen_attn(*args, **kw)[..., :128]
+    want = torch.cat([F.scaled_dot_product_attention(*(x[s:e].transpose(0, 1) for x in (q, k, v)), is_causal=True)
+                      .transpose(0, 1) for s, e in zip(bounds[:-1], bounds[1:])])
+    torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=2e-2)

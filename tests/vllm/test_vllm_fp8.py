@@ -63,8 +63,10 @@ def _online_fp8_model(tmp_path):
 
     from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.quantization.fp8 import Fp8KVCacheMethod
-    from vllm.model_executor.layers.quantization.online.fp8 import Fp8PerTensorOnlineLinearMethod
-    from vllm.model_executor.layers.quantization.online.fp8 import Fp8PerTensorOnlineMoEMethod
+    from vllm.model_executor.layers.quantization.online.fp8 import (
+        Fp8PerTensorOnlineLinearMethod,
+        Fp8PerTensorOnlineMoEMethod,
+    )
     from vllm.model_executor.utils import replace_parameter
 
     from megatron_maspo.model.hf_config import hf_config_dict

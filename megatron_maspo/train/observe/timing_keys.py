@@ -11,7 +11,7 @@ TIMING_PREFIXES = ("time/", "memory/", "rollout/gen_tokens_per_s")
 """Wall times of the step's phases, memory figures (allocator state differs between processes) and the
 per-engine generation rates (``rollout/gen_tokens_per_s_*``)."""
 
-TIMING_KEYS = frozenset({"rollout/engine_busy_s"})
+TIMING_KEYS = frozenset({"rollout/engine_busy_s", "sync/engine_pause_share"})
 """Timings outside the naming rule below."""
 
 

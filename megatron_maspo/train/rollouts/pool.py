@@ -31,11 +31,12 @@ import time
 from typing import Any
 
 from megatron_maspo.parallel import comm
+from megatron_maspo.parallel.bridge import build_bridges
 from megatron_maspo.parallel.device import default_device
 from megatron_maspo.rollout import engines
 from megatron_maspo.rollout.config import RolloutConfig
 from megatron_maspo.rollout.fleet import FleetLayout, processes_per_node
-from megatron_maspo.rollout.pool_sync import FanIn, WeightReceiver, WeightSender
+from megatron_maspo.rollout.pool_sync import WeightReceiver, WeightSender
 from megatron_maspo.train.config import TrainConfig
 from megatron_maspo.train.observe.memory import PhaseMemory
 from megatron_maspo.train.observe.meters import PhaseMeters
@@ -135,23 +136,22 @@ class RolloutWorker:
 
 
 # ---------------------------------------------------------------------------- the bridges and both ends
-def bridges(rollout: RolloutConfig, pools: JobPools) -> tuple[list[tuple[int, Any, Any]], comm.Bridge | None]:
+def bridges(rollout: RolloutConfig, pools: JobPools) -> tuple[list[tuple[int, Any, Any]], Any]:
     """This rank's weight links ``[(sender rank, payload bridge, header bridge), ...]`` (``PoolLayout.weight_links``:
     device bucket bytes and host headers / end / stop per sender) and its ``batches`` bridge (host: pickled
-    batches, None where it is not a member); built in one global order on every rank (a bridge's members
-    block in its constructor until all have joined, for up to ``rollout.pool_timeout_s``)."""
+    batches, None where it is not a member).
+
+    Every group between the pools is made here, in one pass in ``PoolLayout.bridge_comms``' global order on
+    every rank (a bridge's members block in its constructor until all have joined, for up to
+    ``rollout.pool_timeout_s``): NCCL communicators created and connected now, split from one parent, at
+    most ``rollout.weight_link_channels`` channels each (``parallel/bridge.py``). The rollout pool calls
+    this before its engine takes the GPU.
+    """
     lay, rank = pools.layout, pools.rank
-    timeout = rollout.pool_timeout_s
-    links = []
-    for link in lay.weight_links:
-        if rank in link.ranks:
-            weights = comm.Bridge(pools.store, link.name, link.ranks, rank, device=True, timeout_s=timeout)
-            ctl = comm.Bridge(pools.store, link.ctl_name, link.ranks, rank, timeout_s=timeout)
-            links.append((link.ranks[0], weights, ctl))
-    batches = None
-    if rank in lay.batches_ranks:
-        batches = comm.Bridge(pools.store, "batches", lay.batches_ranks, rank, timeout_s=timeout)
-    return links, batches
+    made = build_bridges(pools.store, lay.bridge_comms, rank, timeout_s=rollout.pool_timeout_s,
+                         channels=rollout.weight_link_channels)
+    links = [(link.ranks[0], made[link.name], made[link.ctl_name]) for link in lay.weight_links if rank in link.ranks]
+    return links, made.get("batches")
 
 
 def build_remote_side(pools: JobPools, *, rollout: RolloutConfig, train: TrainConfig, state: dict,
@@ -164,20 +164,28 @@ def build_remote_side(pools: JobPools, *, rollout: RolloutConfig, train: TrainCo
 
 def sending_end(links: list[tuple[int, Any, Any]], rank: int) -> WeightSender | None:
     """A trainer rank's :class:`WeightSender` over its links (every one starts at it), None without any;
-    trainer rank 0 leads (it sends the stop)."""
+    trainer rank 0 leads (its stop ends the rollout pool)."""
     if not links:
         return None
     (_, weights, ctl), *more = links
     return WeightSender(weights, ctl, more=[(w, c) for _, w, c in more], lead=rank == 0)
 
 
-def receiving_end(links: list[tuple[int, Any, Any]]) -> tuple[Any, Any]:
-    """An engine owner's ``(bridge, ctl)`` for :class:`WeightReceiver`: its one link, or a :class:`FanIn`
-    over one link per sender (in the plan's sender order, rank 0 first)."""
-    if len(links) == 1:
-        return links[0][1], links[0][2]
-    fan = FanIn([(w, c) for _, w, c in sorted(links, key=lambda x: x[0])])
-    return fan.bridge, fan.ctl
+def receiving_end(links: list[tuple[int, Any, Any]]) -> list[tuple[Any, Any]]:
+    """An engine owner's ``(bridge, ctl)`` links for :class:`WeightReceiver` (the first positional, the rest
+    ``more=``), in the plan's sender order: trainer rank 0, the lead, first."""
+    return [(w, c) for _, w, c in sorted(links, key=lambda x: x[0])]
+
+
+def export_order(pools: JobPools, spec: Any, dtype: str) -> list[str] | None:
+    """HF names in the export's global order when this owner receives from several senders (the
+    ``stages`` transfer plan, as the trainer computes it), else None (one link: already in that order)."""
+    lay = pools.layout
+    if lay.sync_senders != "stages" or len(lay.sender_ranks) == 1:
+        return None
+    from megatron_maspo.rollout.transfer_plan import plan_pool_transfer
+
+    return [s.name for s in plan_pool_transfer(spec, lay, dtype).sends]
 
 
 def run_rollout_pool(pools: JobPools, *, rollout: RolloutConfig, model: Any, train: TrainConfig, reward: Any,
@@ -195,8 +203,9 @@ def run_rollout_pool(pools: JobPools, *, rollout: RolloutConfig, model: Any, tra
         engine = engines.build_engine(rollout, model, spec, seed=train.seed, deterministic=train.deterministic,
                                       gpus=gpus, colocated=False)
         engine.defer_verify = engines.traits(rollout).verifies_beside_generation  # pause = copy-in only
-        weights, ctl = receiving_end(links)
-        receiver = WeightReceiver(weights, ctl, device=engine.device, staging=engine.staging_pool())
+        (weights, ctl), *more = receiving_end(links)
+        receiver = WeightReceiver(weights, ctl, more=more, device=engine.device, staging=engine.staging_pool(),
+                                  order=export_order(pools, spec, model.dtype_name))
         shard = make_shard(engine, engine_id=engine_id, fleet=fleet, tokenizer=tokenizer, examples=examples,
                            rollout=rollout, train=train, reward=reward, version_offset=0,
                            meters=PhaseMeters(PhaseMemory(default_device())))

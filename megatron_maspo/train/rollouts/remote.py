@@ -67,6 +67,8 @@ class RemoteRolloutSide:
         self._seen: list[PromptGroup] = []
         self._dropped = 0
         self._wait = 0.0
+        self._starts: dict[int, float] = {}  # sync index -> wall time of its common start (sync_started)
+        self._landed: dict[int, list[dict]] = {}  # sync index -> the owners' applied entries so far
         # where the rollout pool starts: the first batch not held, and the prompt order after the last held
         self.bridge.broadcast_object({"first_target": self.received + 1, "version_offset": version_offset,
                                       **self.order_state}, 1)
@@ -82,6 +84,13 @@ class RemoteRolloutSide:
     @property
     def sender_ranks(self) -> tuple[int, ...]:
         return self.pools.sender_ranks
+
+    def sync_started(self) -> None:
+        """The common start of a sync (the loop calls it right after the sync's barrier): the start of
+        ``sync/transfer_s``, which the engines end (:func:`engine_transfer`). Read on the wall clock, as the
+        engines read their end; sync indices count this process's syncs, as the receivers count theirs."""
+        if self.sender is not None:
+            self._starts[self.sender.policy_version + 1] = time.time()
 
     def _receive_through(self, target: int) -> None:
         """Receive batches until ``target`` is held (each one in order, from the lead engine)."""
@@ -117,7 +126,9 @@ class RemoteRolloutSide:
                            totals=self.reward_totals,
                            staleness=(samples, trained_version) if self.k > 0 else None)
         out["rollout/engine_busy_s"] = sum(m["busy_s"] for m in msgs)
-        out.update(applied_metrics([a for m in msgs for a in m.get("applied", [])]))
+        applied = [a for m in msgs for a in m.get("applied", [])]
+        out.update(applied_metrics(applied))
+        out.update(engine_transfer(self._starts, self._landed, applied, owners=len(self.pools.owner_ranks)))
         out["time/wait_rollout"] = self._wait
         if self.rollout.in_flight_updates:
             out.update(version_spread(self._seen))
@@ -148,6 +159,39 @@ def applied_metrics(applied: list[dict]) -> dict[str, float]:
     return {"sync/engine_pause_s": max((a["engine_pause_s"] for a in applied), default=0.0),
             "sync/verify_s": max((a["verify_s"] for a in applied), default=0.0),
             "sync/verify_full_s": max((a["verify_full_s"] or 0.0 for a in applied), default=0.0)}
+
+
+def engine_transfer(starts: dict[int, float], landed: dict[int, list[dict]], applied: list[dict], *,
+                    owners: int) -> dict[str, float]:
+    """``sync/transfer_s`` of a disaggregated job, measured where the sync ends: from its common start on
+    the training pool to the last byte staged on the slowest engine owner (``staged_at`` of
+    ``WeightReceiver.pop_applied``), and ``sync/engine_pause_share``, the longest engine pause of that
+    sync over it.
+
+    The owners' entries of one sync reach the trainer with different batches (each owner applies it when
+    its engine next needs it), so ``applied`` is added to ``landed`` (sync index -> entries) and a sync is
+    reported once every owner's entry is in; the latest such sync gives the figures, and the syncs reported
+    leave both dicts. Empty when no sync has completed since the last call (or this rank started none:
+    ``starts`` is filled on the lead sender, the rank that logs).
+
+    Both ends are wall-clock readings (``time.time()``) on different processes: exact on one host, and
+    within the clock sync of the nodes (NTP or PTP, typically well under a millisecond) on a cluster.
+    """
+    for a in applied:
+        if "sync" in a:
+            landed.setdefault(a["sync"], []).append(a)
+    done = sorted(n for n, entries in landed.items() if len(entries) >= owners and n in starts)
+    if not done:
+        return {}
+    n = done[-1]
+    entries, start = landed[n], starts[n]
+    for m in [m for m in landed if m <= n]:
+        landed.pop(m)
+    for m in [m for m in starts if m <= n]:
+        starts.pop(m)
+    transfer = max(a["staged_at"] for a in entries) - start
+    pause = max(a["engine_pause_s"] for a in entries)
+    return {"sync/transfer_s": transfer, "sync/engine_pause_share": pause / max(transfer, 1e-9)}
 
 
 def version_spread(groups: list[PromptGroup]) -> dict[str, float]:

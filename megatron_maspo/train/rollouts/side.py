@@ -54,6 +54,11 @@ class RolloutSource(Protocol):
         """What this rank's weight sync loads into (``sync_weights``'s sink), None on non-senders."""
         ...
 
+    def sync_started(self) -> None:
+        """A sync's common start, on every rank (a disaggregated source times the transfer to its engines
+        from it)."""
+        ...
+
     @property
     def sender_ranks(self) -> tuple[int, ...]:
         """Ranks that hand weights to a sink in a sync (``sync_weights``'s ``sender_rank``)."""
@@ -124,6 +129,9 @@ class RolloutSide:
     def weight_sink(self) -> WeightSink | None:
         """What this rank's weight sync loads into: its engine, or None."""
         return self.shard.engine if self.shard is not None else None
+
+    def sync_started(self) -> None:
+        """Nothing to note: a colocated sync ends when its load returns (``sync/transfer_s`` is the senders')."""
 
     # ------------------------------------------------------------------ one step
     def batch(self, step: int, version: int) -> RolloutBatch:

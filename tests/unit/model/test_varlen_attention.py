@@ -101,3 +101,34 @@ def test_a_kernel_without_window_size_or_scale_gets_is_causal_and_a_prescaled_qu
     assert kw == {"is_causal": True}
     want_args, want_kw = varlen_call(q, k, v, bounds, 7, scale=0.1, causal=True, kernel=_new_kernel)
     torch.testing.assert_close(_oldest_kernel(*args, **kw), _new_kernel(*want_args, **want_kw))
+
+
+def _fa2_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                window_size=(-1, -1), enable_gqa=False):
+    """FlashAttention-2's shape check (``CHECK_SHAPE(v, total_k, num_heads_k, head_size)``): the value head
+    size must be the query's; then the documented semantics."""
+    if value.shape[-1] != query.shape[-1]:
+        raise RuntimeError(f"v must have shape (total_k, num_heads_k, {query.shape[-1]}), got {tuple(value.shape)}")
+    return _varlen_semantics(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale,
+                             window_size=window_size, enable_gqa=enable_gqa)
+
+
+def test_an_mla_value_head_narrower_than_the_query_is_padded_and_the_output_sliced_back():
+    """MLA (DeepSeek-V3: d_qk 192, d_v 128; here 24 and 16): the kernel gets v padded with zeros to d_qk, and
+    the first d_v columns of its output are the unpadded attention, values and gradients."""
+    g = torch.Generator().manual_seed(3)
+    bounds = [0, 6, 7, 15]
+    q = torch.randn(15, 4, 24, generator=g, requires_grad=True)
+    k = torch.randn(15, 4, 24, generator=g, requires_grad=True)
+    v = torch.randn(15, 4, 16, generator=g, requires_grad=True)
+    args, kw = varlen_call(q, k, v, torch.tensor(bounds), 8, scale=0.2, causal=True, kernel=_fa2_kernel)
+    assert args[2].shape == (15, 4, 24) and torch.equal(args[2][..., 16:], torch.zeros(15, 4, 8))
+    got = _fa2_kernel(*args, **kw)[..., :16]
+    want = torch.cat([F.scaled_dot_product_attention(*(x[s:e].transpose(0, 1) for x in (q, k, v)), is_causal=True,
+                                                     scale=0.2).transpose(0, 1) for s, e in zip(bounds[:-1], bounds[1:])])
+    torch.testing.assert_close(got, want)
+    grads = torch.autograd.grad(got.square().sum(), (q, k, v))
+    for a, b in zip(grads, torch.autograd.grad(want.square().sum(), (q, k, v))):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="value head dim 24 > query/key head dim 16"):
+        varlen_call(v, v, q, torch.tensor(bounds), 8, scale=0.2, causal=True, kernel=_fa2_kernel)

@@ -105,3 +105,68 @@ def test_full_size_layouts_split_the_bytes(preset, layout):
     check_coverage(plan, spec)
     assert plan.sender_bytes_max / plan.bytes_total <= (1.0 if layout.pp == 1 and layout.ep == 1 else 0.65)
     assert "largest link" in plan.summary()
+
+
+# ------------------------------------------------------------- expert senders with expert TP = 1 (review #2)
+def _megatron_ep_groups(lay: TrainerLayout) -> list[list[int]]:
+    """Megatron's EP groups for ``lay`` as ``parallel/groups.py`` builds them (expert TP 1): its expert
+    RankGenerator, pure Python."""
+    from megatron.core.parallel_state import RankGenerator
+
+    edp = lay.world // (lay.ep * lay.pp)
+    return RankGenerator(tp=1, ep=lay.ep, dp=edp, pp=lay.pp, cp=1, order="tp-cp-ep-dp-pp").get_ranks("ep")
+
+
+@pytest.mark.parametrize("lay", [TrainerLayout(tp=2, pp=2, dp=2, ep=4), TrainerLayout(tp=2, dp=2, ep=2),
+                                 TrainerLayout(tp=4, pp=2, dp=24, ep=32), TrainerLayout(tp=2, cp=2, dp=2, ep=4),
+                                 TrainerLayout(tp=1, pp=2, dp=4, ep=2), TrainerLayout(tp=8, ep=4)], ids=str)
+def test_expert_ranks_match_megatrons_expert_rank_generator(lay):
+    groups = _megatron_ep_groups(lay)
+    if lay == TrainerLayout(tp=2, pp=2, dp=2, ep=4):
+        assert groups == [[0, 1, 2, 3], [4, 5, 6, 7]]  # the review's CPU run
+    per_stage = lay.stage_size // lay.ep  # expert-DP replicas of a stage
+    for s in range(lay.pp):
+        dense_tp = set(range(lay.dense_sender(s), lay.dense_sender(s) + lay.tp))
+        for j in range(lay.ep):
+            src = lay.expert_sender(s, j)
+            assert src in {g[j] for g in groups if (g[0] - lay.first_rank) // lay.stage_size == s}
+            # outside the dense sender's TP group whenever the stage has a replica there
+            if any(k * lay.ep + j >= lay.tp for k in range(per_stage)):
+                assert src not in dense_tp, (s, j, src)
+    for g in groups:
+        stage, k = divmod(g[0] - lay.first_rank, lay.stage_size)
+        assert [lay.expert_rank(stage, j, k // lay.ep) for j in range(lay.ep)] == g
+
+
+def _moe_spec(experts: int):
+    from megatron_maspo.model.spec import ArchSpec
+
+    return ArchSpec(family="qwen3_moe", num_layers=2, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4,
+                    num_query_groups=2, kv_channels=8, vocab_size=97, max_position_embeddings=64, qk_layernorm=True,
+                    num_moe_experts=experts, moe_ffn_hidden_size=16, moe_router_topk=2)
+
+
+def test_qwen3_235b_disaggregated_senders_are_trainer_ranks_with_distinct_link_members():
+    from megatron_maspo.rollout.pools import PoolLayout
+    from megatron_maspo.rollout.transfer_plan import plan_pool_transfer
+
+    pools = PoolLayout(world=256, engine_ranks=64, rollout_tp=8, tp=4, pp=2, ep=32, moe=True)
+    plan = plan_pool_transfer(_moe_spec(64), pools, "bfloat16")
+    assert max(plan.senders) < pools.trainer_world
+    # per stage: the dense sender (stage rank 0) and one rank per EP rank, none in the dense sender's TP
+    # group (ranks 0-3 of the stage): EP ranks 0-3 are sent by expert-DP replica 1 (stage ranks 32-35)
+    assert len(plan.senders) == 2 * (1 + 32)
+    assert [r for r in plan.senders if r < 96] == [0, *range(4, 36)]
+    for link in pools.weight_links:
+        assert len(set(link.ranks)) == len(link.ranks), link
+
+
+def test_plan_pool_transfer_refuses_a_sender_in_the_rollout_pool(monkeypatch):
+    from megatron_maspo.rollout.pools import PoolLayout
+    from megatron_maspo.rollout.transfer_plan import plan_pool_transfer
+
+    # the formula before the fix (expert TP = TP): senders up to rank 220 of a 192-rank training pool
+    monkeypatch.setattr(TrainerLayout, "expert_sender", lambda self, s, j: self.dense_sender(s) + self.tp * j)
+    pools = PoolLayout(world=256, engine_ranks=64, rollout_tp=8, tp=4, pp=2, ep=32, moe=True)
+    with pytest.raises(ValueError, match="outside the training pool"):
+        plan_pool_transfer(_moe_spec(64), pools, "bfloat16")

@@ -97,3 +97,16 @@ def test_staging_pool_is_shared_from_the_start_and_recycles():
     assert pool.allocated == 3 and d.numel() == 400
     plain, _ = StagingPool("cpu").alloc(10)
     assert not plain.is_shared()
+
+
+def test_staging_pool_takes_the_best_fit_from_anywhere_in_its_free_list():
+    """The smallest free buffer that fits is taken even when others of other sizes come first (it was
+    removed from the free list with ``list.remove``, whose tensor ``==`` raised)."""
+    pool = StagingPool("cpu")
+    held = [pool.alloc(n) for n in (500, 300, 100)]
+    ptrs = [b.data_ptr() for b, _ in held]
+    for _, release in held:
+        release()
+    small, _ = pool.alloc(90)
+    mid, _ = pool.alloc(250)
+    assert (small.data_ptr(), mid.data_ptr(), pool.allocated) == (ptrs[2], ptrs[1], 3)
