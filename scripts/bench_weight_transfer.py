@@ -83,7 +83,7 @@ def _worker(rank: int, world: int, port: int, spec: ArchSpec, pp: int, ep: int, 
         sync_weights_sharded,
     )
     from megatron_maspo.train.process.distributed import JobPools
-    from megatron_maspo.train.rollouts.pool import bridges, sending_end
+    from megatron_maspo.train.rollouts.pool import bridges, receiving_end, sending_end
 
     dist.destroy_process_group()
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0)
@@ -99,7 +99,7 @@ def _worker(rank: int, world: int, port: int, spec: ArchSpec, pp: int, ep: int, 
         from megatron_maspo.rollout.builtin_engine import BuiltinEngine
 
         engine = BuiltinEngine.from_hf_config(hf_config_dict(spec))
-        ordered = [(w, c) for _, w, c in sorted(links, key=lambda x: x[0])]
+        ordered, _ = receiving_end(links)  # one link per sender here (PoolLayout's default cap of 16)
         ends = []
         for mode in modes:
             staged, end = _receive(ordered[:1] if mode == "funnel" else ordered)

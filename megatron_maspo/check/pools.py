@@ -126,13 +126,16 @@ def check_weight_links(pools, rollout, gpus_per_node: int) -> str:
               f"channel(s) x {per:.1f} MiB)")
     if top.nccl_bytes > budget * MIB:
         raise CheckError("weight links", f"rank {top.rank} ({_who(pools, top.rank)}) would hold {figure} > "
-                         f"rollout.weight_link_nccl_budget_mb={budget:g}: send from fewer ranks "
-                         "(rollout.sync_senders=rank0), use fewer channels (rollout.weight_link_channels=1), "
-                         "or raise the budget where its GPU has the room")
-    links = len(pools.weight_links)
+                         f"rollout.weight_link_nccl_budget_mb={budget:g}: share fewer links "
+                         f"(rollout.max_weight_links, now {rollout.max_weight_links}; broadcast only), use fewer "
+                         "channels (rollout.weight_link_channels=1), send from fewer ranks "
+                         "(rollout.sync_senders=rank0), or raise the budget where its GPU has the room")
+    links = pools.weight_links
     parent = any(p.role == PARENT for p in plans)
-    how = (f"{links} link(s) ({rollout.sync_transport}, senders {rollout.sync_senders})"
-           + (", split from one parent" if parent else "") + ", made at start-up")
+    turns = max(link.senders for link in links)
+    shared = f", up to {turns} senders taking turns on one" if turns > 1 else ""
+    how = (f"{len(links)} link(s) for {len(pools.sender_ranks)} sender(s) ({rollout.sync_transport}, senders "
+           f"{rollout.sync_senders}{shared})" + (", split from one parent" if parent else "") + ", made at start-up")
     return (f"ok   weight links: {how}; NCCL: at most {top.nccl} communicator(s) on a rank (rank {top.rank}, "
             f"{_who(pools, top.rank)}), {figure}, budget {budget:,.0f} MiB; gloo: at most {gloo.gloo} group(s) "
             f"(rank {gloo.rank}: {gloo.gloo_sockets} sockets, {gloo.gloo_threads} threads)")

@@ -75,6 +75,8 @@ class CommSpec:
     """A payload group's parent (its NCCL communicator is a split of that one), None: made on its own."""
     color: int = 0
     """A split payload group's colour in ``ncclCommSplit`` (its link's index)."""
+    roots: int = 1
+    """Members that broadcast on it: a weight link's senders, members ``0 .. roots - 1``, taking turns."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,8 @@ class GroupPlan:
     """What it carries, in a few words (printed by ``maspo check``)."""
     role: str = ""
     """For a group between the pools, its :attr:`CommSpec.role`; ``""`` for a pool's own group."""
+    roots: int = 1
+    """:attr:`CommSpec.roots`: members ``0 .. roots - 1`` broadcast on it."""
 
     def describe(self) -> str:
         """``name (ranks 0-15) nccl [why]`` on one line."""
@@ -176,17 +180,19 @@ def plan_groups(layout: PoolLayoutLike | int, gpus_per_node: int, *,
                                          role=PARENT))
         elif c.role == PAYLOAD and shares:  # NCCL refuses: buckets via the host
             bridges.append(GroupPlan(c.name, tuple(c.ranks), False, gpu_backend(False, True), True,
-                                     "two members share a GPU: buckets staged on the host", role=PAYLOAD))
+                                     "two members share a GPU: buckets staged on the host", role=PAYLOAD,
+                                     roots=c.roots))
         elif c.role == PAYLOAD:
             split = c.parent is not None and not parent_shares.get(c.parent, True)
             bridges.append(GroupPlan(c.name, tuple(c.ranks), True, gpu_backend(True, False), False,
-                                     "weight buckets GPU to GPU" + (f", split from {c.parent}" if split else ""),
-                                     role=PAYLOAD))
+                                     "weight buckets GPU to GPU" + (f", split from {c.parent}" if split else "")
+                                     + (f", {c.roots} senders in turns" if c.roots > 1 else ""),
+                                     role=PAYLOAD, roots=c.roots))
         else:
             why = ("pickled batches on the CPU (host-only)" if c.name == "batches" else
                    "bucket headers, end, stop (host-only: no NCCL work pending between syncs)")
             bridges.append(GroupPlan(c.name, tuple(c.ranks), False, gpu_backend(False, False), False, why,
-                                     role=HOST))
+                                     role=HOST, roots=c.roots))
     return train, rollout, *bridges
 
 

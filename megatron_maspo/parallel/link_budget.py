@@ -18,7 +18,8 @@ The model (NCCL and gloo facts read from their sources; docs/weight-transfer.md 
   ``NCCL_PROTO`` or ``NCCL_MAX_CTAS`` set on the cluster change these figures; the check assumes defaults.
 - **gloo.** A host group has one TCP device that connects lazily (a socket per peer actually used, plus its
   listener) and one worker thread (``bridge.host_options``). Headers, stops and batches are broadcast from
-  member 0, which gloo runs as a binomial tree: a member exchanges with at most ``ceil(log2 n)`` peers.
+  member 0 (on a link shared by several senders, from each of them in turn), which gloo runs as a binomial
+  tree: a member exchanges with at most ``ceil(log2 n)`` peers per root.
 - A host-staged payload group (two members on one GPU: the one-GPU smoke run) is gloo and costs no NCCL
   buffer.
 """
@@ -46,18 +47,23 @@ def nccl_channel_bytes() -> int:
     return RING_CONNECTIONS * (NCCL_SIMPLE_BYTES + NCCL_LL128_BYTES + NCCL_LL_BYTES)
 
 
-def broadcast_peers(index: int, size: int, root: int = 0) -> int:
-    """Peers member ``index`` of a ``size``-member gloo group exchanges with in a broadcast from ``root``
-    (gloo's binomial tree: round ``i`` pairs virtual ranks that differ in bit ``i``)."""
+def broadcast_peer_set(index: int, size: int, root: int = 0) -> set[int]:
+    """Members that member ``index`` of a ``size``-member gloo group exchanges with in a broadcast from
+    ``root`` (gloo's binomial tree: round ``i`` pairs virtual ranks that differ in bit ``i``)."""
     v = (index - root) % size
     dim = max(0, (size - 1).bit_length())
-    peers = 0
+    peers = set()
     mask = (1 << dim) - 1
     for i in range(dim):
         mask ^= 1 << i
         if v & mask == 0 and (v ^ (1 << i)) < size:
-            peers += 1
+            peers.add(((v ^ (1 << i)) + root) % size)
     return peers
+
+
+def broadcast_peers(index: int, size: int, root: int = 0) -> int:
+    """How many peers :func:`broadcast_peer_set` has."""
+    return len(broadcast_peer_set(index, size, root))
 
 
 @dataclass
@@ -100,7 +106,8 @@ def rank_costs(plans: Iterable[GroupPlan], channels: int) -> dict[int, RankCost]
                     c.nccl_bytes += channels * nccl_channel_bytes()
             else:
                 c.gloo += 1
-                c.gloo_sockets += 1 + broadcast_peers(i, len(p.ranks))
+                peers = set().union(*(broadcast_peer_set(i, len(p.ranks), root) for root in range(p.roots)))
+                c.gloo_sockets += 1 + len(peers)  # a pair's socket serves every root's tree
                 c.gloo_threads += 2
             assert p.role in (PARENT, PAYLOAD) or p.backend != NCCL, p  # a host group is never NCCL
     return out

@@ -89,8 +89,15 @@ class RolloutConfig:
     """Disaggregated only: NCCL channels of each weight link's payload communicator (``ncclConfig_t.maxCTAs``;
     NCCL's own choice across nodes is often 16 or more). Each channel costs every member about 18.4 MiB of GPU
     memory (NCCL's default buffers of two ring connections) and one thread block while a bucket is in
-    flight, and an engine owner joins one link per sender. Fewer channels lower one link's bandwidth; the
+    flight, and an engine owner joins up to ``max_weight_links`` links. Fewer channels lower one link's bandwidth; the
     owner drains its links side by side, so their channels add up on its port."""
+    max_weight_links: int = 16
+    """Disaggregated broadcast only: most weight links (payload communicators) an engine owner joins. With
+    more senders than this, senders share a link and take turns on it, in rank order (a link is a group of
+    its senders and every owner; each sender also takes part in the others' broadcasts), so an owner's
+    communicators stay bounded as the job grows. Two senders of one TP group that exports dense tensors
+    never share a link (their exports wait for each other). One port per owner carries the sync either way,
+    so a few links lose no bandwidth; each costs ``weight_link_channels`` x 18.4 MiB of NCCL buffers."""
     weight_link_nccl_budget_mb: float = 4096.0
     """Disaggregated only: most GPU memory (MiB) the weight links' NCCL buffers may take on one rank, as
     ``maspo check`` models them (``weight_link_channels`` x 18.4 MiB per payload communicator); the check
@@ -161,6 +168,9 @@ class RolloutConfig:
                 or not 1 <= self.weight_link_channels <= 64:
             raise ValueError(f"rollout.weight_link_channels must be an integer in [1, 64] (NCCL's channel limit), "
                              f"got {self.weight_link_channels!r}")
+        if not isinstance(self.max_weight_links, int) or isinstance(self.max_weight_links, bool) \
+                or self.max_weight_links < 1:
+            raise ValueError(f"rollout.max_weight_links must be an integer >= 1, got {self.max_weight_links!r}")
         if self.weight_link_nccl_budget_mb <= 0:
             raise ValueError(f"rollout.weight_link_nccl_budget_mb must be > 0, got {self.weight_link_nccl_budget_mb}")
         if self.in_flight_chunk_tokens < 0:

@@ -10,9 +10,12 @@ bucket to every engine owner instead of loading it into a local engine. Two brid
                                                                        sender; the lead's ends the pool)
     ``weights`` (device, NCCL)     the n-byte bucket, GPU to GPU        posted only after its header
 
-With ``rollout.sync_senders=stages`` each sender has such a pair of its own (``PoolLayout.weight_links``);
-an owner drains all of them at once (:class:`WeightReceiver`) and stages the sync once every link has
-sent its ``end``, in the export's global order.
+With ``rollout.sync_senders=stages`` each sender has such a pair of its own (``PoolLayout.weight_links``),
+or, past ``rollout.max_weight_links`` senders, shares one with other senders: the link's senders take turns
+in rank order, each sending its buckets and its ``end`` from its own member index while every other member
+(the other senders too, into a scratch buffer) takes part. An owner drains all links at once
+(:class:`WeightReceiver`) and stages the sync once every turn of every link has sent its ``end``, in the
+export's global order.
 
 Why two: an NCCL receive waiting for its sender holds the receiving thread's CUDA stream (``wait()``
 makes the current stream wait for the collective). If the receiver thread sat in the next sync's
@@ -82,12 +85,19 @@ class WeightSender:
         more: further ``(bridge, ctl)`` links (``p2p``: one per further owner); each bucket goes over each
             link in turn (its payload bytes still count once in ``sync/sender_bytes_max``).
         lead: this sender's ``stop`` ends the rollout pool: trainer rank 0's (the owners' first link).
+        turn, turns: this sender's turn on its (one) link and the link's number of senders
+            (``WeightLink.senders``); with ``turns > 1`` each sync and the stop take part in every other
+            sender's turn too, before and after this one's.
     """
 
-    def __init__(self, bridge: Any, ctl: Any, *, more: Sequence[tuple[Any, Any]] = (), lead: bool = True) -> None:
+    def __init__(self, bridge: Any, ctl: Any, *, more: Sequence[tuple[Any, Any]] = (), lead: bool = True,
+                 turn: int = 0, turns: int = 1) -> None:
+        if not 0 <= turn < turns or (turns > 1 and more):
+            raise ValueError(f"weight sender: turn {turn} of {turns} (a shared link is a sender's only one)")
         self.bridge, self.ctl = bridge, ctl
         self.links = [(bridge, ctl), *more]
         self.lead = lead
+        self.turn, self.turns = turn, turns
         self._version = 0
         self._pool: Any = None
         self._stream: Any = None
@@ -117,24 +127,39 @@ class WeightSender:
             self._stream = streams.new_stream("weight sender's send stream")
         return self._stream
 
+    def _take_part(self, turns: Iterable[int], stream: Any, scratch: list) -> None:
+        """Take part in other senders' turns on the shared link: each header, then each bucket's bytes
+        received into one scratch buffer (on the send stream, in posting order: reused, never read)."""
+        for root in turns:
+            while "end" not in (msg := self.ctl.broadcast_object(None, root)):
+                n = msg["n"]
+                with streams.using(stream):
+                    if not scratch or scratch[0].numel() < n:
+                        scratch[:] = [comm.device_empty(n) if self.bridge.on_device else torch.empty(n, dtype=torch.uint8)]
+                    self.bridge.broadcast(scratch[0][:n], root)
+
     def load_buckets(self, buckets: Iterable[Bucket], *, verify: bool = True) -> None:
         stream = self._send_stream()
+        scratch: list = []  # held until the stream is synchronised below
+        root = self.turn
         try:
+            self._take_part(range(self.turn), stream, scratch)
             for b in buckets:
                 sent = None
                 try:
                     header = {"bucket": [meta_to_wire(m) for m in b.metas], "crc": b.checksum, "index": b.index,
                               "n": b.buffer.numel(), "verify": verify, "digests": b.digests}
                     for bridge, ctl in self.links:
-                        ctl.broadcast_object(header)
+                        ctl.broadcast_object(header, root)
                         with streams.using(stream):
                             streams.wait(b.ready, stream)  # the pack of this bucket, on the packing stream
-                            bridge.broadcast(b.buffer, 0)
+                            bridge.broadcast(b.buffer, root)
                     sent = streams.record(stream)
                 finally:
                     b.done(after=sent)  # the pool's next pack into this buffer waits for the send
             for _, ctl in self.links:
-                ctl.broadcast_object({"end": True})
+                ctl.broadcast_object({"end": True}, root)
+            self._take_part(range(self.turn + 1, self.turns), stream, scratch)
         finally:
             streams.synchronize(stream)  # every payload on the wire has landed: pool buffers may be freed
         self._version += 1
@@ -143,9 +168,11 @@ class WeightSender:
 
     def stop(self) -> None:
         """Tell the engine owners that no sync follows: every sender ends its links' receiver threads; the
-        lead's (trainer rank 0's) ends the receivers themselves."""
-        for _, ctl in self.links:
-            ctl.broadcast_object({"stop": True})
+        lead's (trainer rank 0's) ends the receivers themselves. On a shared link every sender says it in
+        its turn and reads the others'."""
+        for t in range(self.turns):
+            for _, ctl in self.links:
+                ctl.broadcast_object({"stop": True} if t == self.turn else None, t)
 
 
 class WeightReceiver:
@@ -168,8 +195,10 @@ class WeightReceiver:
     Args:
         bridge: the first link's ``weights`` bridge (payloads; this rank a non-root member).
         ctl: the ``weights_ctl`` host bridge on the same ranks (headers, end, stop).
-        more: further ``(bridge, ctl)`` links, one per further sender (``rollout.sync_senders=stages``), in
-            the plan's sender order; each bridge is used by its link's thread only.
+        more: further ``(bridge, ctl)`` links (``rollout.sync_senders=stages``), in the plan's sender order;
+            each bridge is used by its link's thread only.
+        turns: senders per link (``WeightLink.senders``; default one each): a link's thread reads each
+            sync and the stop turn by turn, from member index 0, 1, ...
         device: where staged buckets live (the engine's device; host memory on CPU).
         staging: where staged buckets live instead, when the engine wants them somewhere particular
             (``engine.staging_pool()``: a vLLM engine's ``ipc`` transport takes shared-memory buffers,
@@ -180,9 +209,13 @@ class WeightReceiver:
     """
 
     def __init__(self, bridge: Any, ctl: Any, *, more: Sequence[tuple[Any, Any]] = (),
-                 device: torch.device | str = "cpu", staging: Any = None, order: Sequence[str] | None = None) -> None:
+                 device: torch.device | str = "cpu", staging: Any = None, order: Sequence[str] | None = None,
+                 turns: Sequence[int] | None = None) -> None:
         self.bridge, self.ctl, self.device, self.staging = bridge, ctl, torch.device(device), staging
         self.links = [(bridge, ctl), *more]
+        self.turns = list(turns) if turns is not None else [1] * len(self.links)
+        if len(self.turns) != len(self.links) or min(self.turns) < 1:
+            raise ValueError(f"weight receiver: turns {self.turns} for {len(self.links)} link(s)")
         self.order = {n: i for i, n in enumerate(order)} if order is not None else None
         self._cond = threading.Condition()
         self._slot: list[Bucket] | None = None
@@ -202,15 +235,16 @@ class WeightReceiver:
         self._thread.start()
 
     # ------------------------------------------------------------ receiver threads
-    def _receive(self, bridge: Any, n: int) -> tuple[torch.Tensor, Any]:
-        """Post the receive of one n-byte bucket (on the calling link thread's side stream); (buffer, release)."""
+    def _receive(self, bridge: Any, n: int, root: int) -> tuple[torch.Tensor, Any]:
+        """Post the receive of one n-byte bucket from member ``root`` (on the calling link thread's side
+        stream); (buffer, release)."""
         if self.staging is not None:  # host shared memory the engine's workers map (the bridge stages)
             buf, release = self.staging.alloc(n)
-            bridge.broadcast(buf, 0)
+            bridge.broadcast(buf, root)
             return buf, release
         on_device = bridge.on_device
         buf = comm.device_empty(n) if on_device else torch.empty(n, dtype=torch.uint8)
-        bridge.broadcast(buf, 0)
+        bridge.broadcast(buf, root)
         if not on_device and buf.device != self.device:
             buf = buf.to(self.device)
         return buf, None
@@ -227,17 +261,23 @@ class WeightReceiver:
                     self._credit[i].acquire()  # the previous sync is staged (or none came yet)
                     staged: list[Bucket] = []
                     verify = True
-                    while True:
-                        msg = ctl.broadcast_object(None, 0)  # host: holds no stream while it waits
-                        if "stop" in msg:
-                            self._inbox.put((i, "stop", None))
-                            return
-                        if "end" in msg:
-                            break
-                        buf, release = self._receive(bridge, msg["n"])
-                        staged.append(Bucket(buf, [meta_from_wire(w) for w in msg["bucket"]], msg["crc"],
-                                             msg["index"], release=release, digests=msg.get("digests")))
-                        verify = bool(msg["verify"])
+                    for root in range(self.turns[i]):  # each sender of the link in its turn
+                        while True:
+                            msg = ctl.broadcast_object(None, root)  # host: holds no stream while it waits
+                            if "stop" in msg:
+                                if root != 0:
+                                    raise RuntimeError(f"sender {root} of the link said stop in a sync")
+                                for later in range(1, self.turns[i]):  # every sender of the link says it
+                                    if "stop" not in ctl.broadcast_object(None, later):
+                                        raise RuntimeError(f"sender {later} of the link sent after the stop")
+                                self._inbox.put((i, "stop", None))
+                                return
+                            if "end" in msg:
+                                break
+                            buf, release = self._receive(bridge, msg["n"], root)
+                            staged.append(Bucket(buf, [meta_from_wire(w) for w in msg["bucket"]], msg["crc"],
+                                                 msg["index"], release=release, digests=msg.get("digests")))
+                            verify = verify and bool(msg["verify"])
                     stream.synchronize()  # every payload landed before another thread reads one
                     for b in staged:
                         comm.record_for_default_stream(b.buffer)
@@ -283,7 +323,7 @@ class WeightReceiver:
         """One sync from every link: check it, order it, wait for the slot, stage it, let the links go on."""
         staged = [b for bs, _, _ in parts for b in bs]  # link order: each sender's stream order
         check_complete(staged)  # here, off the engine loop: a bad sync never reaches it
-        if self.order is not None and len(parts) > 1:
+        if self.order is not None and (len(parts) > 1 or self.turns[0] > 1):
             staged = in_export_order(staged, self.order)
         with self._cond:
             # one staged sync at a time: the schedule never sends the next before this one is used

@@ -10,8 +10,9 @@ so the trainer, the rollout pool, ``maspo check`` and the planner read the same 
                    ``weights`` bridge (device: NCCL on GPUs) and ``weights_ctl`` (host: gloo) on the same
                    ranks: trainer rank 0 (root, a sender) + every engine owner; with
                    ``rollout.sync_senders=stages`` one more such pair per other sender (each stage's first
-                   rank, each EP rank: ``weights_s<rank>``), or with ``sync_transport=p2p`` one pair per
-                   (sender, owner) (:attr:`PoolLayout.weight_links`);
+                   rank, each EP rank: ``weights_s<rank>``), up to ``rollout.max_weight_links`` pairs, the
+                   senders beyond sharing them in turns (:attr:`PoolLayout.sender_groups`), or with
+                   ``sync_transport=p2p`` one pair per (sender, owner) (:attr:`PoolLayout.weight_links`);
                    ``batches`` bridge (host: pickled batches): the lead engine (root, pool rank 0) + every
                    trainer rank;
                    with several broadcast links, ``weights_parent`` (every sender + every owner): the NCCL
@@ -41,15 +42,24 @@ TRAIN, ROLLOUT = "train", "rollout"
 
 @dataclass(frozen=True)
 class WeightLink:
-    """One sender's bridges to some engine owners: ``name`` (device payloads) and ``name + "_ctl"`` or, for
-    trainer rank 0's broadcast link, ``weights_ctl`` (host headers). ``ranks[0]`` is the sender."""
+    """Bridges from one or more senders to some engine owners: ``name`` (device payloads) and
+    ``name + "_ctl"`` or, for trainer rank 0's broadcast link, ``weights_ctl`` (host headers).
+
+    ``ranks[:senders]`` are the senders, in the order they take turns (ascending rank), then the owners.
+    Every member takes part in every turn: turn ``t`` is a broadcast of sender ``t``'s buckets from member
+    index ``t`` (``pool_sync``)."""
 
     name: str
     ranks: tuple[int, ...]
+    senders: int = 1
 
     @property
     def ctl_name(self) -> str:
         return "weights_ctl" if self.name == "weights" else f"{self.name}_ctl"
+
+    @property
+    def sender_ranks(self) -> tuple[int, ...]:
+        return self.ranks[:self.senders]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +83,8 @@ class PoolLayout:
     """``rollout.sync_transport``: ``"broadcast"`` (a bridge per sender) or ``"p2p"`` (per sender and owner)."""
     moe: bool = False
     """The model has routed experts (its EP ranks send their own experts)."""
+    max_links: int = 16
+    """``rollout.max_weight_links``: most broadcast links; more senders share them, taking turns."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.engine_ranks < self.world:
@@ -89,6 +101,9 @@ class PoolLayout:
         if self.moe and self.ep > 1 and stage % self.ep:  # Megatron's expert grid: expert-DP = tp*cp*dp / ep
             raise ValueError(f"pools: tp*cp*dp = {stage} (the training pool's ranks per stage) is not divisible by "
                              f"ep={self.ep} (Megatron's expert data parallelism is tp*cp*dp / ep)")
+
+        if self.sync_transport == "broadcast":
+            self.sender_groups  # noqa: B018 -- refuses a link cap its dense TP groups cannot meet, now
 
     @property
     def trainer_world(self) -> int:
@@ -149,16 +164,47 @@ class PoolLayout:
     def weight_links(self) -> tuple[WeightLink, ...]:
         """Every (payload, header) bridge pair of the weight transfer, in the order every rank builds them.
 
-        ``broadcast``: one link per sender with every owner (rank 0's keeps the names ``weights`` /
-        ``weights_ctl``); ``p2p``: one link per (sender, owner) pair.
+        ``broadcast``: one link per :attr:`sender_groups` entry (one sender each up to ``max_links``), with
+        every owner (rank 0's keeps the names ``weights`` / ``weights_ctl``); ``p2p``: one link per
+        (sender, owner) pair.
         """
-        out = []
-        for s in self.sender_ranks:
-            if self.sync_transport == "p2p":
-                out += [WeightLink(f"weights_s{s}_o{o}", (s, o)) for o in self.owner_ranks]
+        if self.sync_transport == "p2p":
+            return tuple(WeightLink(f"weights_s{s}_o{o}", (s, o)) for s in self.sender_ranks for o in self.owner_ranks)
+        return tuple(WeightLink("weights" if g[0] == 0 else f"weights_s{g[0]}", (*g, *self.owner_ranks), len(g))
+                     for g in self.sender_groups)
+
+    @property
+    def sender_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The senders of each broadcast link, ascending within a link (their turn order); trainer rank 0
+        opens the first.
+
+        At most ``max_links`` links: sender ``i`` (in rank order) goes to link ``i mod L``, or the next
+        link without a conflict. Two senders conflict when they lie in one TP group that exports dense
+        tensors (a dense sender's: its TP peers join its gathers), since a sender waiting for its turn
+        stops exporting after two buckets: if the sender before it on the link needed its gathers, neither
+        would move. Senders of other TP groups export with no collective.
+
+        Raises:
+            ValueError: ``max_links`` is below the senders of one dense TP group.
+        """
+        senders = self.sender_ranks
+        n = min(len(senders), self.max_links)
+        dense = {self.trainer_layout.dense_sender(s) for s in range(self.pp)}
+        groups: list[list[int]] = [[] for _ in range(n)]
+        busy: list[set[int]] = [set() for _ in range(n)]  # dense TP groups (first rank) with a sender on a link
+        for i, s in enumerate(senders):
+            tp_group = s - s % self.tp
+            key = tp_group if tp_group in dense else None
+            for k in (*range(i % n, n), *range(i % n)):
+                if key is None or key not in busy[k]:
+                    break
             else:
-                out.append(WeightLink("weights" if s == 0 else f"weights_s{s}", (s, *self.owner_ranks)))
-        return tuple(out)
+                raise ValueError(f"pools: rollout.max_weight_links={self.max_links} is below the {self.tp} senders "
+                                 f"of the TP group at rank {tp_group}, which may not share a link: raise it to >= {self.tp}")
+            groups[k].append(s)
+            if key is not None:
+                busy[k].add(key)
+        return tuple(tuple(g) for g in groups if g)
 
     @property
     def bridge_comms(self) -> tuple[CommSpec, ...]:
@@ -177,7 +223,8 @@ class PoolLayout:
             parent = "weights_parent"
             out.append(CommSpec(parent, tuple(dict.fromkeys((*self.sender_ranks, *self.owner_ranks))), PARENT))
         for i, link in enumerate(links):
-            out += [CommSpec(link.name, link.ranks, PAYLOAD, parent, i), CommSpec(link.ctl_name, link.ranks, HOST)]
+            out += [CommSpec(link.name, link.ranks, PAYLOAD, parent, i, link.senders),
+                    CommSpec(link.ctl_name, link.ranks, HOST, roots=link.senders)]
         out.append(CommSpec("batches", self.batches_ranks, HOST))
         return tuple(out)
 
@@ -220,4 +267,4 @@ def build_pools(parallel, rollout, world: int) -> PoolLayout | None:
     p = parallel
     return PoolLayout(world=world, engine_ranks=rollout.engine_ranks, rollout_tp=engine_tp(rollout),
                       tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, vpp=p.vpp, sync_senders=rollout.sync_senders,
-                      sync_transport=rollout.sync_transport, moe=p.ep > 1)
+                      sync_transport=rollout.sync_transport, moe=p.ep > 1, max_links=rollout.max_weight_links)

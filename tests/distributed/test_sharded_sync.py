@@ -24,7 +24,7 @@ BUCKET = 20_000  # bytes: smaller than the embedding, so one tensor is split ove
 
 
 def _worker(rank: int, world: int, port: int, spec: ArchSpec, tp: int, pp: int, ep: int, engines: int,
-            transport: str, die: bool, bucket: int = BUCKET, timeout: float = 120.0):
+            transport: str, die: bool, bucket: int = BUCKET, timeout: float = 120.0, max_links: int = 16):
     import torch.distributed as dist
 
     from megatron_maspo.conversion.megatron_to_hf import export_hf_weights
@@ -42,13 +42,14 @@ def _worker(rank: int, world: int, port: int, spec: ArchSpec, tp: int, pp: int, 
     dist.destroy_process_group()  # the launcher's world: this job splits into two pools
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0)
     lay = PoolLayout(world=world, engine_ranks=engines, tp=tp, pp=pp, ep=ep, moe=spec.is_moe,
-                     sync_transport=transport)
+                     sync_transport=transport, max_links=max_links)
+    assert len(lay.weight_links) == min(len(lay.sender_ranks), max_links) or transport == "p2p"
     role = lay.role(rank)
     size = lay.trainer_world if role == TRAIN else lay.engine_ranks
     comm.init_pool_group(store, role, lay.pool_rank(rank), size, timeout)
     pools = JobPools(lay, rank, store)
-    links, _ = bridges(RolloutConfig(placement="disaggregated", engine_ranks=engines, pool_timeout_s=timeout),
-                       pools)
+    links, _ = bridges(RolloutConfig(placement="disaggregated", engine_ranks=engines, pool_timeout_s=timeout,
+                                     max_weight_links=max_links), pools)
     if role == TRAIN:
         groups = init_parallel(tp=tp, pp=pp, ep=ep, seed=3)
         torch.manual_seed(3 + groups.pp_rank * 10 + groups.ep_rank)
@@ -83,9 +84,9 @@ def _worker(rank: int, world: int, port: int, spec: ArchSpec, tp: int, pp: int, 
     if not links:  # not an engine owner
         return {}
     engine = BuiltinEngine.from_hf_config(hf_config_dict(spec))
-    (bridge, ctl), *more = receiving_end(links)
+    ((bridge, ctl), *more), turns = receiving_end(links)
     order = [s.name for s in plan_pool_transfer(spec, lay, "float32").sends]
-    receiver = WeightReceiver(bridge, ctl, more=more, order=order)
+    receiver = WeightReceiver(bridge, ctl, more=more, order=order, turns=turns)
     got = []
     for v in (1, 2):
         assert receiver.wait_for(lambda v=v: engine.policy_version >= v, engine, timeout_s=timeout)
@@ -151,6 +152,19 @@ def test_two_stages_send_their_own_shares_to_two_engines(transport):
 def test_tp2_pp2_trainer_to_two_engines_bitwise():
     res = run_workers(_worker, 6, free_port(), DENSE, 2, 2, 1, 2, "broadcast", False, fresh=True, timeout_s=400)
     _check(res, 6, 2)
+
+
+@pytest.mark.parametrize("emulate", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["gloo", "gpu_emulation"])
+def test_two_stages_sharing_one_link_take_turns(monkeypatch, emulate):
+    """``rollout.max_weight_links=1``: both stage senders and both owners on one link; stage 1 takes part
+    in stage 0's turn (its buckets into a scratch buffer) before it sends its own, and both say stop in
+    turn. The engines still hold the export bitwise, in the global order."""
+    if emulate:
+        monkeypatch.setenv("MASPO_EMULATE_GPU", "1")
+        monkeypatch.setenv("MASPO_EMULATE_GPU_TIMEOUT_S", "30")
+    res = run_workers(_worker, 4, free_port(), DENSE, 1, 2, 1, 2, "broadcast", False, BUCKET, 60.0, 1,
+                      fresh=True, timeout_s=300)
+    _check(res, 4, 2)
 
 
 def test_ep2_experts_sent_by_their_own_ep_ranks():

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import signal
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from megatron_maspo.parallel import comm
 from megatron_maspo.parallel.bridge import build_bridges
@@ -37,6 +37,7 @@ from megatron_maspo.rollout import engines
 from megatron_maspo.rollout.config import RolloutConfig
 from megatron_maspo.rollout.fleet import FleetLayout, processes_per_node
 from megatron_maspo.rollout.pool_sync import WeightReceiver, WeightSender
+from megatron_maspo.rollout.pools import WeightLink
 from megatron_maspo.train.config import TrainConfig
 from megatron_maspo.train.observe.memory import PhaseMemory
 from megatron_maspo.train.observe.meters import PhaseMeters
@@ -136,10 +137,20 @@ class RolloutWorker:
 
 
 # ---------------------------------------------------------------------------- the bridges and both ends
-def bridges(rollout: RolloutConfig, pools: JobPools) -> tuple[list[tuple[int, Any, Any]], Any]:
-    """This rank's weight links ``[(sender rank, payload bridge, header bridge), ...]`` (``PoolLayout.weight_links``:
-    device bucket bytes and host headers / end / stop per sender) and its ``batches`` bridge (host: pickled
-    batches, None where it is not a member).
+class LinkEnd(NamedTuple):
+    """This rank's end of one weight link: the link (its senders and owners) and its two bridges."""
+
+    link: WeightLink
+    bridge: Any
+    """Device payloads."""
+    ctl: Any
+    """Host headers, ends and stops."""
+
+
+def bridges(rollout: RolloutConfig, pools: JobPools) -> tuple[list[LinkEnd], Any]:
+    """This rank's weight links (``PoolLayout.weight_links``: device bucket bytes and host headers / end /
+    stop, from one or more senders taking turns) and its ``batches`` bridge (host: pickled batches, None
+    where it is not a member).
 
     Every group between the pools is made here, in one pass in ``PoolLayout.bridge_comms``' global order on
     every rank (a bridge's members block in its constructor until all have joined, for up to
@@ -150,7 +161,7 @@ def bridges(rollout: RolloutConfig, pools: JobPools) -> tuple[list[tuple[int, An
     lay, rank = pools.layout, pools.rank
     made = build_bridges(pools.store, lay.bridge_comms, rank, timeout_s=rollout.pool_timeout_s,
                          channels=rollout.weight_link_channels)
-    links = [(link.ranks[0], made[link.name], made[link.ctl_name]) for link in lay.weight_links if rank in link.ranks]
+    links = [LinkEnd(link, made[link.name], made[link.ctl_name]) for link in lay.weight_links if rank in link.ranks]
     return links, made.get("batches")
 
 
@@ -162,19 +173,22 @@ def build_remote_side(pools: JobPools, *, rollout: RolloutConfig, train: TrainCo
                              train=train, state=state, version_offset=version_offset)
 
 
-def sending_end(links: list[tuple[int, Any, Any]], rank: int) -> WeightSender | None:
-    """A trainer rank's :class:`WeightSender` over its links (every one starts at it), None without any;
-    trainer rank 0 leads (its stop ends the rollout pool)."""
+def sending_end(links: list[LinkEnd], rank: int) -> WeightSender | None:
+    """A trainer rank's :class:`WeightSender` over its links (it sends on each; on a shared link in its
+    turn), None without any; trainer rank 0 leads (its stop ends the rollout pool)."""
     if not links:
         return None
-    (_, weights, ctl), *more = links
-    return WeightSender(weights, ctl, more=[(w, c) for _, w, c in more], lead=rank == 0)
+    first, *more = links
+    return WeightSender(first.bridge, first.ctl, more=[(e.bridge, e.ctl) for e in more], lead=rank == 0,
+                        turn=first.link.ranks.index(rank), turns=first.link.senders)
 
 
-def receiving_end(links: list[tuple[int, Any, Any]]) -> list[tuple[Any, Any]]:
+def receiving_end(links: list[LinkEnd]) -> tuple[list[tuple[Any, Any]], list[int]]:
     """An engine owner's ``(bridge, ctl)`` links for :class:`WeightReceiver` (the first positional, the rest
-    ``more=``), in the plan's sender order: trainer rank 0, the lead, first."""
-    return [(w, c) for _, w, c in sorted(links, key=lambda x: x[0])]
+    ``more=``) in the plan's sender order (the link of trainer rank 0, the lead, first), and each link's
+    senders (its ``turns=``)."""
+    ends = sorted(links, key=lambda e: e.link.ranks[0])
+    return [(e.bridge, e.ctl) for e in ends], [e.link.senders for e in ends]
 
 
 def export_order(pools: JobPools, spec: Any, dtype: str) -> list[str] | None:
@@ -203,9 +217,9 @@ def run_rollout_pool(pools: JobPools, *, rollout: RolloutConfig, model: Any, tra
         engine = engines.build_engine(rollout, model, spec, seed=train.seed, deterministic=train.deterministic,
                                       gpus=gpus, colocated=False)
         engine.defer_verify = engines.traits(rollout).verifies_beside_generation  # pause = copy-in only
-        (weights, ctl), *more = receiving_end(links)
+        ((weights, ctl), *more), turns = receiving_end(links)
         receiver = WeightReceiver(weights, ctl, more=more, device=engine.device, staging=engine.staging_pool(),
-                                  order=export_order(pools, spec, model.dtype_name))
+                                  order=export_order(pools, spec, model.dtype_name), turns=turns)
         shard = make_shard(engine, engine_id=engine_id, fleet=fleet, tokenizer=tokenizer, examples=examples,
                            rollout=rollout, train=train, reward=reward, version_offset=0,
                            meters=PhaseMeters(PhaseMemory(default_device())))
