@@ -94,6 +94,10 @@ class TrainConfig:
     """Workspace budget in bytes of the fused log-prob/entropy kernel: one ``[C, V/tp]`` logits
     tile plus two fp32 row-block temporaries; the chunk length C follows from it (so memory does not
     grow with V or T). None = 256 MiB on GPU, 64 MiB on CPU (docs/logprobs.md)."""
+    logprob_kernel: str = "auto"
+    """The fused log-prob/entropy kernel: ``"auto"`` = Triton (``parallel/logprobs_triton.py``: the logits
+    never leave on-chip memory in forward) on CUDA when triton imports, else the torch chunk loop;
+    ``"torch"`` / ``"triton"`` force one (``"triton"`` on a CPU needs ``TRITON_INTERPRET=1``: tests)."""
     reference_model: bool = False
     """Keep a frozen reference model for a KL term (only needed when loss.kl_coef > 0)."""
     offload_params: bool = False
@@ -115,6 +119,8 @@ class TrainConfig:
         if self.logprob_chunk_bytes is not None and self.logprob_chunk_bytes < 1:
             raise ValueError(f"train.logprob_chunk_bytes must be >= 1 or None, got "
                              f"{self.logprob_chunk_bytes}")
+        if self.logprob_kernel not in ("auto", "torch", "triton"):
+            raise ValueError(f"train.logprob_kernel={self.logprob_kernel!r}; accepted: auto, torch, triton")
         if self.sft_steps < 0 or self.overlong_buffer < 0:
             raise ValueError("train.sft_steps and train.overlong_buffer must be >= 0")
 

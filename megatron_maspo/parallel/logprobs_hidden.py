@@ -46,6 +46,39 @@ from megatron_maspo.parallel.logprobs_core import (
 
 logger = logging.getLogger(__name__)
 
+KERNELS = ("auto", "torch", "triton")
+"""``train.logprob_kernel``: ``auto`` = the Triton kernels (``logprobs_triton``) on CUDA when triton
+imports, the torch chunk loop everywhere else; ``torch`` / ``triton`` force one."""
+
+
+def use_triton(kernel: str, hidden: torch.Tensor) -> bool:
+    """Whether ``kernel`` runs the Triton kernels for ``hidden``.
+
+    Raises:
+        ValueError: an unknown kernel, or ``triton`` forced for fp64 (the kernels accumulate in fp32).
+        ImportError: ``triton`` forced where triton does not import (one line with the fix).
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"logprob kernel {kernel!r}; accepted: {', '.join(KERNELS)}")
+    if kernel == "torch" or (kernel == "auto" and (hidden.device.type != "cuda" or hidden.dtype == torch.float64)):
+        return False
+    if hidden.dtype == torch.float64:
+        raise ValueError("logprob kernel 'triton' accumulates in fp32: use 'torch' (or 'auto') for fp64 inputs")
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        if kernel == "auto":
+            return False
+        raise ImportError("train.logprob_kernel='triton' needs triton (pip install triton; on a CPU, run with "
+                          "TRITON_INTERPRET=1)") from e
+    if hidden.device.type != "cuda":
+        from megatron_maspo.parallel.logprobs_triton import interpreting
+
+        if not interpreting():
+            raise ValueError("train.logprob_kernel='triton' on a CPU tensor needs TRITON_INTERPRET=1 (Triton's "
+                             "interpreter; slow: tests only)")
+    return True
+
 
 class _VocabParallelLogprobsFromHidden(torch.autograd.Function):
     """Autograd function over ``(hidden [T, H], weight [V/tp, H])``; see the module docstring."""
@@ -53,36 +86,43 @@ class _VocabParallelLogprobsFromHidden(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                 group: dist.ProcessGroup | None, temperature: float, plan: ChunkPlan,
-                vocab_start: int, num_valid: int, ignore_index: int
+                vocab_start: int, num_valid: int, ignore_index: int, triton: bool
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens = hidden.shape[0]
         acc = acc_dtype(hidden.dtype)
         idx, keep = local_labels(labels, vocab_start, num_valid, ignore_index)
         w = weight[:num_valid]  # padded rows are never multiplied
-        stats = [hidden.new_empty(num_tokens, dtype=acc) for _ in range(4)]
-        tile = hidden.new_empty(min(plan.chunk, num_tokens), num_valid)
-        bufs = workspace(plan.block, num_valid, hidden.device, acc)
         bounds = chunk_bounds(num_tokens, plan.chunk)
-        for c0, c1 in bounds:
-            z = tile[: c1 - c0]
-            torch.mm(hidden[c0:c1], w.t(), out=z)
-            for dst, src in zip(stats, chunk_stats(z, idx[c0:c1], temperature, bufs)):
-                dst[c0:c1] = src
-        del bufs
+        triton = triton and num_valid > 0 and num_tokens > 0
+        tile = None
+        if triton:  # one kernel over every token: no logits tile, 16 B per token and split
+            from megatron_maspo.parallel import logprobs_triton
+
+            stats = logprobs_triton.merge_splits(logprobs_triton.fused_stats(hidden, w, idx, temperature))
+        else:
+            stats = [hidden.new_empty(num_tokens, dtype=acc) for _ in range(4)]
+            tile = hidden.new_empty(min(plan.chunk, num_tokens), num_valid)
+            bufs = workspace(plan.block, num_valid, hidden.device, acc)
+            for c0, c1 in bounds:
+                z = tile[: c1 - c0]
+                torch.mm(hidden[c0:c1], w.t(), out=z)
+                for dst, src in zip(stats, chunk_stats(z, idx[c0:c1], temperature, bufs)):
+                    dst[c0:c1] = src
+            del bufs
         logprob, entropy, _, mean_x = combine_stats(*stats, keep, group)
         lse = mean_x + entropy  # E_p[x] + H; recomputed rather than saved twice
         ctx.save_for_backward(hidden, weight, idx, keep, lse, mean_x)
-        ctx.cfg = (group, temperature, plan, num_valid, bounds)
+        ctx.cfg = (group, temperature, plan, num_valid, bounds, triton)
         # Store instead of recompute for the last chunk: the tile (<= the budget) still holds its
         # logits (the sweeps above never write it), so backward starts there without its GEMM. One
-        # chunk per call (T <= C) means no recompute at all.
-        ctx.tile = tile if bounds and any(ctx.needs_input_grad[:2]) else None
+        # chunk per call (T <= C) means no recompute at all. (The Triton forward keeps no tile.)
+        ctx.tile = tile if tile is not None and bounds and any(ctx.needs_input_grad[:2]) else None
         return logprob, entropy
 
     @staticmethod
     def backward(ctx, g_lp: torch.Tensor, g_ent: torch.Tensor):
         hidden, weight, idx, keep, lse, mean_x = ctx.saved_tensors
-        group, temperature, plan, num_valid, bounds = ctx.cfg
+        group, temperature, plan, num_valid, bounds, triton = ctx.cfg
         tile, ctx.tile = ctx.tile, None  # consumed in place: a second backward recomputes
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         g_lp = torch.where(keep, g_lp.to(lse.dtype), 0.0)
@@ -101,14 +141,24 @@ class _VocabParallelLogprobsFromHidden(torch.autograd.Function):
         kept = tile is not None
         if not kept and num_tokens:
             tile = hidden.new_empty(min(plan.chunk, num_tokens), num_valid)
-        bufs = workspace(plan.block, num_valid, hidden.device, lse.dtype) if num_tokens else None
+        bufs = workspace(plan.block, num_valid, hidden.device, lse.dtype) if num_tokens and not triton else None
+        if triton:
+            from megatron_maspo.parallel import logprobs_triton
+            inv = 1.0 / temperature
+            k_all = g_ent * -(inv * inv)
+            b_all = (g_ent * mean_x - g_lp) * inv
+            add_all = torch.where(idx >= 0, g_lp * inv, 0.0)
         for k, (c0, c1) in enumerate(reversed(bounds) if num_tokens else ()):
             sl = slice(c0, c1)
             h, dz = hidden[sl], tile[: c1 - c0]
-            if k or not kept:  # recompute z = h W^T (the forward's tile holds only the last chunk)
-                torch.mm(h, w.t(), out=dz)
-            chunk_grad(dz, idx[sl], lse[sl], mean_x[sl], g_lp[sl], g_ent[sl], None, temperature,
-                       out=dz, bufs=bufs)
+            if triton:  # z recomputed tile by tile and dz formed in the same kernel
+                logprobs_triton.fused_dz(h, w, idx[sl], lse[sl], k_all[sl], b_all[sl], add_all[sl], temperature,
+                                         out=dz)
+            else:
+                if k or not kept:  # recompute z = h W^T (the forward's tile holds only the last chunk)
+                    torch.mm(h, w.t(), out=dz)
+                chunk_grad(dz, idx[sl], lse[sl], mean_x[sl], g_lp[sl], g_ent[sl], None, temperature,
+                           out=dz, bufs=bufs)
             if need_h:
                 torch.mm(dz, w, out=d_hidden[sl])
             if need_w:
@@ -121,7 +171,7 @@ class _VocabParallelLogprobsFromHidden(torch.autograd.Function):
             comm.all_reduce(d_hidden, op=comm.ReduceOp.SUM, group=group)
         if need_w and d_w.data_ptr() != d_weight.data_ptr():
             d_weight[:num_valid] = d_w
-        return d_hidden, d_weight, None, None, None, None, None, None, None
+        return d_hidden, d_weight, None, None, None, None, None, None, None, None
 
 
 def vocab_parallel_logprobs_from_hidden(
@@ -135,6 +185,7 @@ def vocab_parallel_logprobs_from_hidden(
     chunk_bytes: int | None = None,
     vocab_size: int | None = None,
     ignore_index: int = -100,
+    kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob and exact entropy of ``softmax(hidden @ weight_full^T / τ)`` without the logits.
 
@@ -151,6 +202,7 @@ def vocab_parallel_logprobs_from_hidden(
             None = the device default (256 MiB on GPU, 64 MiB on CPU).
         vocab_size: true vocabulary size (rows ``>= vocab_size`` are padding); None = no padding.
         ignore_index: labels equal to it give log-prob 0 (entropy stays valid).
+        kernel: ``train.logprob_kernel`` (:data:`KERNELS`, :func:`use_triton`).
 
     Returns:
         ``(logprobs, entropy)``, each [T] fp32 (fp64 for fp64 inputs), replicated over
@@ -171,5 +223,9 @@ def vocab_parallel_logprobs_from_hidden(
                                        vocab_size, ignore_index)
     plan = plan_chunks(num_tokens, num_valid, hidden.element_size(), hidden.device, tile=True,
                        budget_bytes=chunk_bytes, chunk_size=chunk_size)
+    fused = use_triton(kernel, hidden)
+    if fused:
+        hidden = hidden.contiguous()  # the kernels read rows of unit stride
+        weight = weight.contiguous()
     return _VocabParallelLogprobsFromHidden.apply(hidden, weight, labels, group, float(temperature),
-                                                  plan, start, num_valid, ignore_index)
+                                                  plan, start, num_valid, ignore_index, fused)

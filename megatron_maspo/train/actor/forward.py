@@ -116,6 +116,7 @@ class StepContext:
         vocab_size: true (unpadded) vocabulary size.
         temperature: rollout temperature τ (log-probs of ``softmax(z / τ)``).
         chunk_bytes: workspace budget of the fused log-prob kernel (None = device default).
+        logprob_kernel: ``train.logprob_kernel`` (``auto``, ``torch``, ``triton``).
         loss_fn: ``(mb, logprobs, entropy) -> (numerator / N_glob, metrics)``; None = forward only.
         num_tokens_global: N_glob of the mini-batch (loss mode).
         logprobs: collected detached ``[T]`` log-probs, one per micro-batch, in order.
@@ -138,6 +139,7 @@ class StepContext:
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     loss_finite: bool = True
     sequence_parallel: bool = False
+    logprob_kernel: str = "auto"
     batch_stats: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -171,7 +173,7 @@ def make_forward_step(ctx: StepContext) -> Callable:
             hidden = out[0].index_select(0, mb.resp_index)  # [T, H], replicated over TP
         lp, ent = vocab_parallel_logprobs_from_hidden(
             hidden, output_weight(model), mb.labels, ctx.tp_group, temperature=ctx.temperature,
-            chunk_bytes=ctx.chunk_bytes, vocab_size=ctx.vocab_size)
+            chunk_bytes=ctx.chunk_bytes, vocab_size=ctx.vocab_size, kernel=ctx.logprob_kernel)
         return torch.stack([lp, ent]), (lambda o: loss_func(mb, o))
 
     return forward_step

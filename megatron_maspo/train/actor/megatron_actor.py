@@ -238,6 +238,7 @@ class MegatronActor:
         return StepContext(tp_group=self.groups.tp_group, vocab_size=self.spec.vocab_size,
                            temperature=self.temperature,
                            chunk_bytes=self.train_cfg.logprob_chunk_bytes,
+                           logprob_kernel=self.train_cfg.logprob_kernel,
                            sequence_parallel=self.opts.sequence_parallel)
 
     def logprobs_local(self, samples: Sequence[Sample], plans: list[MiniBatchPlan], *, model: str,
