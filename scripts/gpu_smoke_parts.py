@@ -219,9 +219,9 @@ def cmd_ipc(a: argparse.Namespace) -> int:
     ok = not bad and set(crcs) == set(want)
     print(f"SMOKE ipc: {'cuda-ipc' if dev.type == 'cuda' else 'shared-memory'} {total / 2**20:.0f} MiB "
           f"{str(dtype).removeprefix('torch.')} in {n_buckets} buckets of {bucket_bytes / 2**20:.1f} MiB "
-          f"({len(slots)} buffers, each mapped once) into a spawned engine: transfer {total / secs / 1e9:.3f} GB/s "
-          f"({secs:.3f} s, pack to last load), verify {verify_s:.3f} s apart, bitwise "
-          + ("ok" if ok else f"WRONG ({len(bad)} tensors differ, e.g. {bad[:2]})"))
+          f"into a spawned engine, bitwise " + ("ok" if ok else f"WRONG ({len(bad)} tensors differ, e.g. {bad[:2]})")
+          + f": transfer {total / secs / 1e9:.3f} GB/s ({secs:.3f} s, first pack to last load), verify "
+          f"{verify_s:.3f} s apart; {len(slots)} buffers, each mapped once")
     return 0 if ok else 1
 
 
