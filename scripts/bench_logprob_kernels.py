@@ -11,8 +11,10 @@ Rows (forward, then forward + backward; backward seeds both outputs):
     naive       GEMM, full log-softmax and entropy in fp32, autograd
     torch       this project's torch chunk loop (train.logprob_kernel=torch)
     triton      this project's Triton kernels (train.logprob_kernel=triton)
-    liger       Liger-Kernel's fused linear cross-entropy (log-prob only: a mean loss), if it imports
-    cce         Apple's Cut Cross-Entropy (log-prob only), if it imports
+    liger       Liger-Kernel 0.8.5's fused linear scaled cross-entropy with entropy (per-token log-prob and
+                entropy, temperature; its sm90 kernel needs the ``cutedsl`` extra, else its chunk loop
+                runs and the row is ``liger-loop``), if it imports
+    cce         Apple's Cut Cross-Entropy (per-token log-prob only, exact gradients), if it imports
 
 Each of ours is checked against float64 on a slice of the same inputs before anything is timed; a check
 that fails ends the run with status 1 (the smoke's rule). Times are medians of ``--reps`` after one warm-up
@@ -96,33 +98,46 @@ def main(argv=None) -> int:
             z.t() @ h
         return z
 
-    peers = {}
+    peers, notes = {}, []
     try:
-        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+        import liger_kernel.ops.fused_linear_scaled_cross_entropy as liger_scaled
 
-        liger_loss = LigerFusedLinearCrossEntropyLoss(reduction="sum")
+        fallback = liger_scaled._FusedLinearPPOFallbackFunction
+        try:
+            impl = liger_scaled._resolve_implementation(dev)  # its fused kernel on sm90, else a chunk loop
+        except ImportError as e:  # the sm90 kernel is in the `cutedsl` extra (nvidia-cutlass-dsl)
+            impl = fallback
+            notes.append(f"liger: its fused kernel needs {e.name} (extra 'cutedsl'): its torch chunk loop ran")
+        label = "liger" if impl is not fallback else "liger-loop"
 
-        def liger(h, w, y, backward):
+        def liger(h, w, y, backward, impl=impl):
+            # per-token NLL and entropy with temperature: the peer that returns what ours does
             hh, ww = h.detach().requires_grad_(backward), w.detach().requires_grad_(backward)
-            loss = liger_loss(ww, hh, y)
+            args = (hh, ww, y, 1.0, -100, 1, True) if impl is not fallback else (hh, ww, y, 1.0, -100, True)
+            nll, ent = impl.apply(*args)
             if backward:
-                loss.backward()
-        peers["liger"] = liger
+                (ent.sum() - nll.sum()).backward()
+            return -nll, ent
+        peers[label] = liger
     except ImportError as e:
-        print(f"liger: not installed ({e.name})")
+        notes.append(f"liger: not installed ({e.name})")
     try:
         from cut_cross_entropy import linear_cross_entropy
 
         def cce(h, w, y, backward):
+            # log-prob only (no entropy); filter_eps=None: exact gradients, as ours
             hh, ww = h.detach().requires_grad_(backward), w.detach().requires_grad_(backward)
-            loss = linear_cross_entropy(hh, ww, y, reduction="sum")
+            nll = linear_cross_entropy(hh, ww, y, reduction="none", filter_eps=None)
             if backward:
-                loss.backward()
+                nll.sum().backward()
+            return -nll, None
         peers["cce"] = cce
     except ImportError as e:
-        print(f"cce: not installed ({e.name})")
+        notes.append(f"cce: not installed ({e.name})")
+    for n in notes:
+        print(n)
 
-    status = 0
+    status, summary = 0, []
     for n, hdim, v in shapes:
         g = torch.Generator(device=dev).manual_seed(0)
         h = torch.randn(n, hdim, device=dev, generator=g, dtype=torch.float32).to(dtype)
@@ -142,9 +157,19 @@ def main(argv=None) -> int:
                   f"{'ok' if ok else 'FAIL'}")
             if not ok:
                 status = 1
+        for name, fn in list(peers.items()):  # the peers are checked too; a peer that fails is dropped
+            try:
+                lp, ent = fn(h[:k], w, y[:k], False)
+                err = max(float((lp.double() - ref[0]).abs().max()),
+                          float((ent.double() - ref[1]).abs().max()) if ent is not None else 0.0)
+                print(f"check N={k} H={hdim} V={v} {name}: max error {err:.2e}")
+            except Exception as e:  # noqa: BLE001 (a peer's failure is reported, not ours)
+                print(f"check {name}: {type(e).__name__}: {str(e)[:160]} (dropped)")
+                del peers[name]
         if status:
             return status
         rows = {"matmul": matmuls, "naive": naive, "torch": ours("torch"), "triton": ours("triton"), **peers}
+        shape_figs: list[str] = []
         for backward in (False, True):
             res = {}
             for name, fn in rows.items():
@@ -166,6 +191,15 @@ def main(argv=None) -> int:
                 t, m = r
                 print(f"{name:8} {t * 1e3:9.2f} {t / t0:9.2f} {t / tn:8.2f} {m / 2**20:9.0f} "
                       f"{(m / mn if mn else float('nan')):11.2f}")
+            tri = res.get("triton")
+            if tri is not None:  # the summary row: time x the GEMM floor, x each peer; memory x naive
+                figs = [f"{'fb' if backward else 'f'} {tri[0] / t0:.2f}x mm"]
+                figs += [f"{p[:5]} {tri[0] / res[p][0]:.2f}x" for p in peers if res.get(p) is not None]
+                if backward and mn and tri[1]:
+                    figs.append(f"mem {tri[1] / mn:.2f}x")
+                shape_figs.append(" ".join(figs))
+        summary.append(f"H{hdim} " + ", ".join(shape_figs))
+    print("SMOKE kernels: triton " + "; ".join(summary))
     return status
 
 

@@ -29,6 +29,10 @@
 #   bash scripts/gpu_smoke.sh                 # on the GPU machine: every part
 #   bash scripts/gpu_smoke.sh --only ipc,sleep  # a subset (names from --list)
 #   bash scripts/gpu_smoke.sh --list          # NAME SECONDS per part (SECONDS = its enforced timeout)
+#   bash scripts/gpu_smoke.sh --bench         # install, then the benchmarks instead of the smoke:
+#                                             #   bench_kernels    scripts/bench_logprob_kernels.py (vs Liger, CCE)
+#                                             #   bench_transport  scripts/bench_weight_transport.py (vs a D2D copy)
+#                                             # (--bench --list: their limits; --only may name them too)
 #   bash scripts/gpu_smoke.sh --cpu           # rehearsal: the same entry points on CPU (gloo, fp32 where
 #                                             # the GPU run uses bf16, small shapes); timeouts x10
 #   bash scripts/gpu_smoke.sh --dry-run       # print what would run
@@ -67,6 +71,7 @@ WHEELS="${SMOKE_WHEELS:-$REPO/scripts/wheels}"   # SMOKE_WHEELS: another folder 
 PY="${PYTHON:-python3}"
 MODE=gpu
 DRY=0
+BENCH=0
 LIST=0
 ONLY=""
 # Part timeouts in seconds on the GPU (the --cpu rehearsal multiplies them by SMOKE_TIMEOUT_SCALE).
@@ -77,6 +82,10 @@ ONLY=""
 # nccl, logprobs and lp_bf16 took 6, 10 and 5 s.
 PARTS=(install:30 nccl:10 train:90 convert_h2m:60 convert_m2h:45 logprobs:20 lp_bf16:15 ipc:35 sleep:30
        mismatch:40 varlen:30 disagg:75)
+# The benchmarks, run only with --bench or when --only names them: 270 s with install, a second command
+# on the same warm machine (the smoke's 480 s, these 270 s and the machine's start fit 15 minutes once).
+BENCH_PARTS=(bench_kernels:150 bench_transport:90)
+BENCH_WHEELS=(liger-kernel==0.8.5 cut-cross-entropy==25.1.1)   # the kernel peers, pure Python (triton)
 TARGET_HAS=(torch triton transformers sympy numpy safetensors pyyaml tqdm psutil)
 CARRIED=(megatron-core==${SMOKE_MCORE:-0.16.1} math-verify==0.9.0 latex2sympy2_extended==1.11.0
          antlr4-python3-runtime==4.13.2 packaging==26.4)
@@ -84,6 +93,7 @@ while [ $# -gt 0 ]; do
   arg="$1"; shift
   case "$arg" in
     --cpu) MODE=cpu ;;
+    --bench) BENCH=1 ;;
     --dry-run) DRY=1 ;;
     --list) LIST=1 ;;
     --only) [ $# -gt 0 ] || { echo "--only needs NAME[,NAME] (see --list)" >&2; exit 2; }
@@ -94,7 +104,7 @@ while [ $# -gt 0 ]; do
       mkdir -p "$WHEELS"
       "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 -d "$WHEELS" "${CARRIED[0]}"
-      "$PY" -m pip download --no-deps --only-binary=:all: -d "$WHEELS" "${CARRIED[@]:1}"
+      "$PY" -m pip download --no-deps --only-binary=:all: -d "$WHEELS" "${CARRIED[@]:1}" "${BENCH_WHEELS[@]}"
       "$PY" -m pip wheel --no-deps --no-build-isolation -w "$WHEELS" "$REPO"
       ls -l "$WHEELS"
       exit 0 ;;
@@ -104,10 +114,11 @@ while [ $# -gt 0 ]; do
 done
 
 declare -A LIMIT
-for p in "${PARTS[@]}"; do LIMIT[${p%%:*}]=${p##*:}; done
+for p in "${PARTS[@]}" "${BENCH_PARTS[@]}"; do LIMIT[${p%%:*}]=${p##*:}; done
 if [ "$LIST" = 1 ]; then
   total=0
-  for p in "${PARTS[@]}"; do echo "${p%%:*} ${p##*:}"; total=$((total + ${p##*:})); done
+  LISTED=("${PARTS[@]}"); [ "$BENCH" = 1 ] && LISTED=(install:30 "${BENCH_PARTS[@]}")
+  for p in "${LISTED[@]}"; do echo "${p%%:*} ${p##*:}"; total=$((total + ${p##*:})); done
   echo "total $total"
   exit 0
 fi
@@ -120,7 +131,12 @@ fi
 # selected NAME: is the part in --only (or is there no --only)? install also runs whenever there are
 # wheels to install: the other parts import megatron-core and math-verify from them.
 selected() {
-  [ -z "$ONLY" ] && return 0
+  local b is_bench=0
+  for b in "${BENCH_PARTS[@]}"; do [ "${b%%:*}" = "$1" ] && is_bench=1; done
+  if [ -z "$ONLY" ]; then  # no --only: the smoke's parts, or install and the benchmarks with --bench
+    [ "$1" = install ] && return 0
+    [ "$is_bench" = "$BENCH" ]; return
+  fi
   [ "$1" = install ] && ls "$WHEELS"/*.whl >/dev/null 2>&1 && return 0
   local w; for w in "${WANT[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1
 }
@@ -252,6 +268,8 @@ run_part convert_h2m bash -c "\"$PY\" \"$SMOKE\" make-hf $WORK/hf && \"$PY\" -m 
 run_part convert_m2h bash -c "\"$PY\" -m megatron_maspo.cli.main convert megatron-to-hf --ckpt $WORK/mcore \
   --out $WORK/hf_back --verify 2>&1 | tee $WORK/m2h.out && \"$PY\" \"$SMOKE\" check-verify $WORK/m2h.out --tol 1e-4"
 run_part logprobs "$PY" "$SMOKE" logprobs $CPU_FLAG
+run_part bench_kernels "$PY" "$REPO/scripts/bench_logprob_kernels.py" $CPU_FLAG
+run_part bench_transport "$PY" "$REPO/scripts/bench_weight_transport.py" $CPU_FLAG
 run_part lp_bf16 "$PY" "$PARTS_PY" lp_bf16 $CPU_FLAG
 run_part ipc "$PY" "$PARTS_PY" ipc $CPU_FLAG
 run_part sleep "$PY" "$PARTS_PY" sleep $CPU_FLAG
@@ -281,11 +299,11 @@ run_part disagg bash -c "$DISAGG_AGENT --node-rank 1 $DISAGG_TRAIN > $WORK/disag
 
 echo
 echo "gpu_smoke summary ($MODE mode; logs in $WORK)"
-printf '%-12s %-5s %6s  %s\n' part result secs figures
+printf '%-16s %-5s %6s  %s\n' part result secs figures
 [ "${#NAMES[@]}" -gt 0 ] || echo "(no part selected)"
 failed=0
 for i in "${!NAMES[@]}"; do
-  printf '%-12s %-5s %6s  %s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}" "${FIGS[$i]}"
+  printf '%-16s %-5s %6s  %s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}" "${FIGS[$i]}"
   [ "${STATUS[$i]}" = FAIL ] && failed=$((failed + 1))
 done
 exit "$failed"

@@ -130,14 +130,14 @@ def _receiver(cfg, dtype: torch.dtype, dev: str, inbox, outbox) -> None:
     try:
         from megatron_maspo.rollout.buckets import Bucket
         from megatron_maspo.rollout.builtin_engine import BuiltinEngine
-        from megatron_maspo.rollout.transport import open_shared
+        from megatron_maspo.rollout.transport import MappedBuffers
 
         device = torch.device(dev)
         with device:  # random init on the device (the sync overwrites it): seconds saved on the GPU
             engine = BuiltinEngine.from_hf_config(cfg, dtype=dtype, device=device)
         outbox.put(("ready", None))
 
-        opened: dict[int, torch.Tensor] = {}  # the sender's pool buffers, each mapped once (by slot)
+        mapped = MappedBuffers(device.index if device.type == "cuda" else None)  # each pool buffer once
 
         def buckets():
             prev = None
@@ -148,10 +148,8 @@ def _receiver(cfg, dtype: torch.dtype, dev: str, inbox, outbox) -> None:
                 if msg is None:
                     return
                 slot, handle, nbytes, metas, index = msg
-                if handle is not None:  # the first use of this pool buffer
-                    opened[slot] = open_shared(handle, device.index if device.type == "cuda" else None)
                 prev = index
-                yield Bucket(opened[slot][:nbytes], list(metas), None, index)
+                yield Bucket(mapped.view(slot, handle, nbytes), list(metas), None, index)
 
         engine.load_buckets(buckets(), verify=False)
         if device.type == "cuda":
@@ -169,7 +167,7 @@ def cmd_ipc(a: argparse.Namespace) -> int:
     import transformers
 
     from megatron_maspo.rollout.buckets import pack_buckets
-    from megatron_maspo.rollout.transport import BucketPool, prefetch, share
+    from megatron_maspo.rollout.transport import BucketPool, HandleSlots, prefetch
 
     dev = _device(a.cpu)
     dtype = torch.float32 if a.cpu else torch.bfloat16
@@ -194,18 +192,16 @@ def cmd_ipc(a: argparse.Namespace) -> int:
 
     get("ready")
     pool = BucketPool(bucket_bytes, dev, count=2)
-    slots: dict[int, int] = {}  # pool buffer (data_ptr) -> slot: each buffer's handle is sent once
+    slots = HandleSlots()  # each pool buffer's handle is sent once (the product's protocol)
     t0 = time.time()  # wall clock: the receiver's end is read in another process
     pending: dict[int, object] = {}
     n_buckets = 0
     # The prefetch thread packs bucket k+1 into the second buffer while the engine loads bucket k.
     for b in prefetch(pack_buckets(named, bucket_bytes, with_checksum=False, alloc=pool), depth=1,
                       on_drop=lambda x: x.done()):
-        ptr = b.buffer.data_ptr()
-        first = ptr not in slots
-        slot = slots.setdefault(ptr, len(slots))
+        slot, handle = slots(b.buffer)
         # the metadata travels as pickled TensorMeta (whatever fields this checkout's buckets.py has)
-        inbox.put((slot, share(b.buffer) if first else None, b.buffer.numel(), b.metas, b.index))
+        inbox.put((slot, handle, b.buffer.numel(), b.metas, b.index))
         pending[b.index] = b
         n_buckets += 1
         if b.index > 0:

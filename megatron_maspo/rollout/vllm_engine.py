@@ -41,6 +41,7 @@ from megatron_maspo.rollout.buckets import (
     meta_to_wire,
     pack_buckets,
 )
+from megatron_maspo.rollout.transport import HandleSlots
 from megatron_maspo.rollout.types import Completion, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -159,6 +160,7 @@ class VllmEngine:
         self.verify_full_s: float | None = None
         """Seconds of the last verification that digested every tensor in full (None before one)."""
         self._fault: list | None = None  # inject_fault: [kind, vLLM parameter name] for the next sync
+        self._slots: HandleSlots | None = None  # during a sync: the pool buffers the workers have mapped
         self.defer_verify = False
         """Always False here: the workers are busy inside a blocking ``generate``, so the digest check
         runs in ``load_buckets`` (part of the engine's pause)."""
@@ -259,6 +261,7 @@ class VllmEngine:
         fault, self._fault = self._fault, None
         expected = digest.Expected()
         self.llm.collective_rpc("maspo_begin_sync", args=(fault,))
+        self._slots = HandleSlots()  # held until the sync ends: the workers map these buffers until then
         try:
             for b in expected.watch(buckets):
                 try:
@@ -269,6 +272,8 @@ class VllmEngine:
         except Exception:
             self.llm.collective_rpc("maspo_abort_sync")
             raise
+        finally:
+            self._slots = None
         if fault is not None:
             self.llm.collective_rpc("maspo_apply_fault")
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
@@ -320,15 +325,15 @@ class VllmEngine:
         if self.transport == "bytes":
             self.llm.collective_rpc("maspo_load_bucket", args=(bucket_to_wire(b), verify))
             return
-        from megatron_maspo.rollout.transport import share
-
         metas = [meta_to_wire(m) for m in b.metas]
+        slot, handle = self._slots(b.buffer)  # the buffer's handle with its first bucket of this sync only
         self.llm.collective_rpc("maspo_load_bucket_ipc",
-                                args=(share(b.buffer), b.buffer.numel(), metas, b.checksum, b.index, verify))
+                                args=(slot, handle, b.buffer.numel(), metas, b.checksum, b.index, verify))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, bucket_bytes: int = 256 << 20) -> None:
         """Pack HF-named tensors into buckets and :meth:`load_buckets` them (protocol entry point)."""
-        self.load_buckets(pack_buckets(weights, bucket_bytes))
+        pool = self.bucket_pool(bucket_bytes)  # ipc: two buffers the workers map once each
+        self.load_buckets(pack_buckets(weights, bucket_bytes, alloc=pool))
 
     def sleep(self, level: int = 1) -> None:
         if level not in (1, 2):

@@ -23,6 +23,7 @@ from megatron_maspo.rollout.buckets import (
     meta_from_wire,
     unpack_bucket,
 )
+from megatron_maspo.rollout.transport import MappedBuffers
 from megatron_maspo.rollout.vllm_engine import vllm_config_scope, vllm_tp_size
 from megatron_maspo.rollout.vllm_reload import (
     quantiser_owned,
@@ -43,6 +44,8 @@ class MaspoWorkerExtension:
         self._maspo_before = (model.get_parameter(fault[1]).data.clone()
                               if fault is not None and fault[0] == "stale" else None)
         self._maspo_asm = Reassembler()  # pieces of tensors larger than a bucket, glued back in order
+        self._maspo_close_mapped()
+        self._maspo_mapped = MappedBuffers(self.device.index if self.device.type == "cuda" else None)
         with vllm_config_scope(self.vllm_config):
             reload_api().start(model)
 
@@ -51,23 +54,25 @@ class MaspoWorkerExtension:
         return self._maspo_load(unpack_bucket(bucket_from_wire(wire), verify=verify,
                                               assembler=self._maspo_asm), verify)
 
-    def maspo_load_bucket_ipc(self, handle: bytes, nbytes: int, metas: list, crc: int | None,
-                              index: int, verify: bool = True) -> int:
-        """Load one bucket from the sender's buffer (:func:`~.transport.share` handle), mapped, not copied.
+    def maspo_load_bucket_ipc(self, slot: int, handle: bytes | None, nbytes: int, metas: list,
+                              crc: int | None, index: int, verify: bool = True) -> int:
+        """Load one bucket from the sender's pool buffer ``slot`` (:class:`~.transport.HandleSlots`).
 
-        ``nbytes`` is the bucket's used size (the mapped buffer may be a larger pooled one).
+        ``handle`` comes with the first bucket of a slot in this sync; the buffer is mapped then and kept
+        until the sync ends (:class:`~.transport.MappedBuffers`), so each later bucket costs one copy of
+        its bytes (:func:`~.transport.take_bucket`) and no driver call. ``nbytes`` is the bucket's used
+        size (the pooled buffer may be larger).
         """
-        from megatron_maspo.rollout.transport import open_shared
+        from megatron_maspo.rollout.transport import take_bucket
 
-        on_gpu = self.device.type == "cuda"
-        buffer = open_shared(handle, self.device.index if on_gpu else None)[:nbytes]
-        bucket = Bucket(buffer, [meta_from_wire(w) for w in metas], crc, index)
-        n = self._maspo_load(unpack_bucket(bucket, verify=verify, assembler=self._maspo_asm), verify)
-        if on_gpu:
-            torch.cuda.synchronize()  # the sender reuses the buffer once we return
-        return n
+        mapped = self._maspo_mapped.view(slot, handle, nbytes)
+        bucket = Bucket(take_bucket(mapped, self.device), [meta_from_wire(w) for w in metas], crc, index)
+        # views into the private copy: load_weights may keep them (layer-wise reload) past this call
+        return self._maspo_load(unpack_bucket(bucket, verify=verify, assembler=self._maspo_asm), verify,
+                                copy=False)
 
-    def _maspo_load(self, named: list[tuple[str, torch.Tensor]], echo_crc: bool = True) -> int:
+    def _maspo_load(self, named: list[tuple[str, torch.Tensor]], echo_crc: bool = True, *,
+                    copy: bool = True) -> int:
         for name, t in named:
             if name in self._maspo_crc:
                 raise ValueError(f"vLLM sync: tensor {name!r} delivered twice")
@@ -75,13 +80,18 @@ class MaspoWorkerExtension:
             # per-tensor crc echoed to the sender (tests check the received bytes); -1 when checksums are off
             self._maspo_crc[name] = (zlib.crc32(t.contiguous().view(torch.uint8).reshape(-1).cpu().numpy())
                                      if echo_crc else -1)
-        # clone: layer-wise reload may keep references until the layer is complete; the buffer is ours only
-        # for the duration of this call.
-        tensors = [(n, t.to(self.device, copy=True)) for n, t in named]
+        # copy: layer-wise reload may keep references until the layer is complete; a wire bucket's buffer
+        # is ours only for the duration of this call (the ipc path copied its bucket whole already)
+        tensors = [(n, t.to(self.device, copy=True) if copy else t) for n, t in named]
         with vllm_config_scope(self.vllm_config):
             loaded = self.model_runner.get_model().load_weights(tensors)
         self._maspo_loaded |= set(loaded or ())
         return len(tensors)
+
+    def _maspo_close_mapped(self) -> None:
+        mapped = getattr(self, "_maspo_mapped", None)
+        if mapped is not None:
+            mapped.close()
 
     def maspo_apply_fault(self) -> None:
         """Failure tests: flip the lowest bit of element 0 of the armed parameter, or put its pre-sync
@@ -128,6 +138,7 @@ class MaspoWorkerExtension:
         tensors back); the model is then a mix of old and new weights and must be re-synced."""
         with vllm_config_scope(self.vllm_config):
             reload_api().abort(self.model_runner.get_model(), self.vllm_config.model_config, self.device)
+        self._maspo_close_mapped()
 
     def maspo_finish_sync(self) -> dict[str, int]:
         """Finish the reload, check every model parameter was written; returns ``{hf_name: crc32}`` received."""
@@ -136,6 +147,7 @@ class MaspoWorkerExtension:
             reload_api().finish(model, self.vllm_config.model_config, self.device)
             _refresh_tied_lm_head(model)
             rerun_skipped_expert_hooks(model)  # MoE experts' repack, which vLLM 0.32 skips on an update
+        self._maspo_close_mapped()  # the sender may free its pool now
         self._maspo_asm.check_done()
         self.model_runner.reset_encoder_cache()
         missing = unloaded_parameters(model, self._maspo_loaded)

@@ -245,3 +245,20 @@ def test_vllm_verifies_the_weights_its_worker_holds(synced):
                                              "'model.norm.weight' after weight version ")
     finally:
         engine.load_buckets(iter(src["buckets"]))  # the module's other tests expect the synced weights
+
+
+def test_vllm_ipc_maps_each_pool_buffer_once_per_sync(synced, monkeypatch):
+    """Issue 55: the workers get a pool buffer's handle with its first bucket only; the later buckets
+    name its slot (a handle and a CUDA-IPC open per bucket dominated the GPU sync). The sync is still
+    exact, tensors split over buckets included."""
+    from megatron_maspo.rollout import transport
+    from megatron_maspo.rollout.buckets import pack_buckets
+
+    engine, _, src = synced
+    shared = []
+    real = transport.share
+    monkeypatch.setattr(transport, "share", lambda buf: shared.append(buf.numel()) or real(buf))
+    n_buckets = sum(1 for _ in pack_buckets(src["exported"].items(), BUCKET))
+    engine.load_weights(src["exported"].items(), bucket_bytes=BUCKET)
+    assert n_buckets > 4 and len(shared) == 2, (n_buckets, shared)
+    assert engine.last_received_crc == {n: _crc(t) for n, t in src["exported"].items()}

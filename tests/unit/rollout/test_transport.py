@@ -110,3 +110,62 @@ def test_staging_pool_takes_the_best_fit_from_anywhere_in_its_free_list():
     small, _ = pool.alloc(90)
     mid, _ = pool.alloc(250)
     assert (small.data_ptr(), mid.data_ptr(), pool.allocated) == (ptrs[2], ptrs[1], 3)
+
+
+def _slot_reader(inbox, outbox):
+    """An engine-side loop over (slot, handle, nbytes) messages, as the vLLM worker runs it."""
+    from megatron_maspo.rollout.transport import MappedBuffers, take_bucket
+
+    mapped = MappedBuffers()
+    try:
+        while (msg := inbox.get(timeout=60)) is not None:
+            own = take_bucket(mapped.view(*msg), torch.device("cpu"))
+            outbox.put(("crc", zlib.crc32(own.numpy()), len(mapped)))
+        mapped.view(7, None, 1)  # a slot this sync never sent
+    except ValueError as e:
+        outbox.put(("error", str(e), len(mapped)))
+
+
+def test_each_pool_buffer_is_sent_and_mapped_once_per_sync():
+    """Issue 55: a sync of six buckets through a two-buffer pool sends two handles (each later bucket
+    names its buffer's slot) and the engine maps two buffers, reading every bucket's bytes right.
+    The product sent and opened a handle per bucket (a CUDA-IPC open per bucket on the GPU)."""
+    from megatron_maspo.rollout.transport import HandleSlots
+
+    pool, slots = BucketPool(4096), HandleSlots()
+    ctx = mp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_slot_reader, args=(inbox, outbox))
+    p.start()
+    handles, crcs = [], []
+    try:
+        for i in range(6):
+            buf = pool.alloc(1000 + 100 * i)
+            buf.copy_(torch.randint(0, 256, (buf.numel(),), dtype=torch.uint8))
+            slot, handle = slots(buf)
+            handles.append(handle)
+            inbox.put((slot, handle, buf.numel()))
+            kind, crc, mapped = outbox.get(timeout=120)
+            assert kind == "crc" and crc == zlib.crc32(buf.numpy()), kind
+            crcs.append(crc)
+            pool.releaser(buf)()  # the load returned: the buffer may be refilled
+        inbox.put(None)
+        kind, msg, mapped = outbox.get(timeout=120)
+    finally:
+        p.join(timeout=60)
+    assert sum(h is not None for h in handles) == 2 == len(slots) == mapped
+    assert kind == "error" and "slot 7" in msg
+    assert len(set(crcs)) == 6
+
+
+def test_a_freed_buffer_never_reuses_a_slot_it_could_alias():
+    """The slot table keeps every buffer it named alive, so a buffer freed by its owner cannot be
+    reallocated at the same address and read through a receiver's stale mapping."""
+    from megatron_maspo.rollout.transport import HandleSlots
+
+    slots = HandleSlots()
+    first = slots(torch.empty(256, dtype=torch.uint8).share_memory_())
+    second = slots(torch.empty(256, dtype=torch.uint8).share_memory_())  # the first temporary is gone
+    assert [s for s, _ in (first, second)] == [0, 1] and all(h is not None for _, h in (first, second))
+    with pytest.raises(ValueError, match="prefix"):
+        slots(torch.empty(256, dtype=torch.uint8)[8:])

@@ -73,6 +73,30 @@ def test_shell_syntax_and_dry_run_plan():
     assert subprocess.run(["bash", str(SH), "--bogus"], capture_output=True, env=_env()).returncode == 2
 
 
+def test_bench_runs_install_and_the_benchmarks_only_and_the_smoke_never_runs_them():
+    bench = _sh("--dry-run", "--bench")
+    planned = [line.split("]")[0].lstrip("[") for line in bench.stdout.splitlines() if line.startswith("[")]
+    assert bench.returncode == 0 and planned == ["install", "bench_kernels", "bench_transport"], bench.stdout
+    assert "bench_logprob_kernels.py" in bench.stdout and "bench_weight_transport.py" in bench.stdout
+    rows = [line.split() for line in _sh("--list", "--bench").stdout.splitlines()]
+    assert sum(int(s) for n, s in rows if n != "total") <= WINDOW_S
+    one = _sh("--dry-run", "--only", "bench_transport")
+    assert one.returncode == 0 and "[bench_transport]" in one.stdout and "[ipc]" not in one.stdout
+
+
+@pytest.mark.slow  # ~40 s: the interpreter runs the kernels, a spawned engine loads 0.36 GiB four times
+def test_bench_rehearsal_checks_then_prints_both_tables(tmp_path):
+    out = subprocess.run(["bash", str(SH), "--cpu", "--bench"], capture_output=True, text=True,
+                         env={**_env(), "SMOKE_DIR": str(tmp_path / "bench")}, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    kernels = (tmp_path / "bench" / "bench_kernels.log").read_text()
+    assert "triton: max error" in kernels and "forward+backward" in kernels
+    transport = (tmp_path / "bench" / "bench_transport.log").read_text()
+    assert "every tensor's digest in the engine equals the sender's" in transport
+    for phase in ("pack", "hand-over", "load", "transfer", "direct", "verify", "d2d copy"):
+        assert any(line.startswith(phase) for line in transport.splitlines()), phase
+
+
 @pytest.mark.slow  # ~30 s on 2 cores: a spawned engine process imports torch and transformers
 def test_only_ipc_passes_alone_on_cpu(tmp_path):
     out = subprocess.run(["bash", str(SH), "--cpu", "--only", "ipc"], capture_output=True, text=True,
