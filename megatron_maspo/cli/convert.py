@@ -1,6 +1,6 @@
 """``maspo convert``: HF <-> Megatron checkpoint conversion and the SmolLM2 GGUF import.
 
-    maspo convert hf-to-megatron --hf DIR --out DIR [--tp 2 --pp 2 --ep 1] [--verify]
+    maspo convert hf-to-megatron --hf DIR --out DIR [--tp 2 --pp 2 --ep 1] [--pp-first-layers N] [--verify]
     maspo convert megatron-to-hf --ckpt DIR --out DIR [--tp 1 --pp 1] [--dtype bfloat16] [--verify]
     maspo convert smollm2 --out DIR [--megatron-out DIR] [--verify]
     maspo convert tiny-hf --family qwen3 --out DIR        # a random tiny HF model to try the above
@@ -26,6 +26,10 @@ def _layout(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size used for the conversion")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size used for the conversion")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel size (MoE only)")
+    p.add_argument("--pp-first-layers", type=int, default=None,
+                   help="decoder layers on the first pipeline stage (uneven split; default: even)")
+    p.add_argument("--pp-last-layers", type=int, default=None,
+                   help="decoder layers on the last pipeline stage (uneven split; default: even)")
     p.add_argument("--verify", action="store_true",
                    help="compare logits of both sides on a few prompts; print the max relative error")
 
@@ -96,16 +100,20 @@ def _tiny_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split(args: argparse.Namespace) -> dict:
+    return {"pp_first_layers": args.pp_first_layers, "pp_last_layers": args.pp_last_layers}
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the chosen conversion; prints the ``--verify`` figure. Returns the exit status."""
     from megatron_maspo.conversion import jobs
 
     if args.direction == "hf-to-megatron":
         res = jobs.convert_hf_to_megatron(args.hf, args.out, tp=args.tp, pp=args.pp, ep=args.ep,
-                                          verify=args.verify)
+                                          verify=args.verify, **_split(args))
     elif args.direction == "megatron-to-hf":
         res = jobs.convert_megatron_to_hf(args.ckpt, args.out, tp=args.tp, pp=args.pp, ep=args.ep,
-                                          dtype=args.dtype, verify=args.verify)
+                                          dtype=args.dtype, verify=args.verify, **_split(args))
     elif args.direction == "tiny-hf":
         return _tiny_hf(args)
     elif args.direction in ("qwen3.5-text", "qwen3.5-join"):
@@ -128,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.megatron_out:
             return 0
         res = jobs.convert_hf_to_megatron(args.out, args.megatron_out, tp=args.tp, pp=args.pp,
-                                          ep=args.ep, verify=args.verify)
+                                          ep=args.ep, verify=args.verify, **_split(args))
     else:  # argparse restricts the choices; keep the error explicit anyway
         raise ValueError(f"unknown convert direction {args.direction!r}")
     errors = [r["max_rel_error"] for r in res if r.get("max_rel_error") is not None]

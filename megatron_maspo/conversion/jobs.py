@@ -78,8 +78,11 @@ def megatron_checkpoint_dtype(ckpt: str | Path) -> torch.dtype:
     return max(found, key=lambda d: torch.finfo(d).bits)
 
 
-def _groups_and_chunks(spec, tp: int, pp: int, ep: int, dtype: torch.dtype, spec_fields: dict | None = None):
+def _groups_and_chunks(spec, tp: int, pp: int, ep: int, dtype: torch.dtype, spec_fields: dict | None = None,
+                       split: tuple[int | None, int | None] = (None, None)):
     """Parallel state, this rank's chunks (built in ``dtype`` on this rank's device) and their options.
+
+    ``split``: layers of the first and last pipeline stage (None = even; ``parallel/pipeline_split.py``).
 
     ``spec_fields``: the layer spec to build (``spec_record.build_fields`` of a checkpoint's record); None =
     the local spec, the trainer's default, on every machine (not "TE whenever it imports").
@@ -91,7 +94,8 @@ def _groups_and_chunks(spec, tp: int, pp: int, ep: int, dtype: torch.dtype, spec
     groups = init_parallel(tp=tp, pp=pp, ep=ep)
     # jit_fusions off: a conversion runs one forward, which compiled fusions would only delay
     opts = ModelBuildOptions(tp=tp, pp=pp, ep=ep, params_dtype=dtype, bf16=dtype == torch.bfloat16,
-                             jit_fusions=False, **(spec_fields or {"use_te": False}))
+                             jit_fusions=False, pp_first_layers=split[0], pp_last_layers=split[1],
+                             **(spec_fields or {"use_te": False}))
     # the trainer's default (parallel.sequence_parallel=None): MoE at TP > 1 runs with sequence parallelism
     opts.sequence_parallel = sequence_parallel_on(None, opts.attention_backend, tp, spec.is_moe)
     return groups, build_model_chunks(spec, opts, pp_rank=groups.pp_rank), opts
@@ -127,14 +131,14 @@ def _verify(chunks, spec, groups, hf_dir: str | Path) -> float | None:
 
 
 def hf_to_megatron_rank(rank: int, world: int, hf_dir: str, out: str, tp: int, pp: int, ep: int,
-                        verify: bool) -> dict[str, Any]:
+                        verify: bool, split: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
     """One rank of HF folder -> Megatron dist checkpoint (then reload and verify, if asked)."""
     from megatron_maspo.conversion.dist_ckpt import load_model_checkpoint, save_model_checkpoint
     from megatron_maspo.conversion.hf_to_megatron import load_hf_weights
     from megatron_maspo.model.hf_config import arch_spec_from_hf
 
     spec = arch_spec_from_hf(hf_dir)
-    groups, chunks, opts = _groups_and_chunks(spec, tp, pp, ep, hf_checkpoint_dtype(hf_dir))
+    groups, chunks, opts = _groups_and_chunks(spec, tp, pp, ep, hf_checkpoint_dtype(hf_dir), split=split)
     load_hf_weights(chunks, spec, groups, hf_dir)
     save_model_checkpoint(chunks, out, spec, hf_assets=hf_dir, opts=opts)
     if rank == 0:
@@ -164,7 +168,8 @@ def _store_passthrough(spec, hf_dir: str | Path, out: str | Path) -> None:
 
 
 def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp: int, ep: int,
-                        dtype: str | None, verify: bool) -> dict[str, Any]:
+                        dtype: str | None, verify: bool,
+                        split: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
     """One rank of Megatron dist checkpoint -> HF folder (rank 0 writes; all ranks export)."""
     from megatron_maspo.conversion.dist_ckpt import (
         ASSETS_DIR,
@@ -179,7 +184,7 @@ def megatron_to_hf_rank(rank: int, world: int, ckpt: str, out: str, tp: int, pp:
     spec = load_arch_spec(ckpt)
     # Build the spec that wrote the checkpoint (its keys), not whatever happens to import here.
     fields = build_fields(read_spec_record(ckpt), te_buildable=te_available())
-    groups, chunks, _ = _groups_and_chunks(spec, tp, pp, ep, megatron_checkpoint_dtype(ckpt), fields)
+    groups, chunks, _ = _groups_and_chunks(spec, tp, pp, ep, megatron_checkpoint_dtype(ckpt), fields, split)
     load_model_checkpoint(chunks, ckpt)
     tdtype = getattr(torch, dtype) if dtype else next(chunks[0].parameters()).dtype
     stream = export_hf_weights(chunks, spec, groups, dtype=tdtype)
@@ -252,17 +257,23 @@ def _reject_existing(out: str | Path) -> None:
         raise ConfigError(f"output path {out} already exists; refusing to overwrite")
 
 
-def _checked_layout(spec, tp: int, pp: int, ep: int) -> None:
+def _checked_layout(spec, tp: int, pp: int, ep: int, split: tuple[int | None, int | None] = (None, None)) -> None:
     try:  # conversion builds MoE at TP > 1 with sequence parallelism, as the trainer does (_groups_and_chunks)
-        spec.validate_layout(tp, pp, ep, sequence_parallel=spec.is_moe and tp > 1)
+        spec.validate_layout(tp, pp, ep, sequence_parallel=spec.is_moe and tp > 1, pp_first=split[0],
+                             pp_last=split[1])
     except ValueError as e:
-        raise ConfigError(f"--tp {tp} --pp {pp} --ep {ep}: {e}") from None
+        msg = str(e).replace("parallel.pp_first_layers=", "--pp-first-layers ").replace(
+            "parallel.pp_last_layers=", "--pp-last-layers ")
+        raise ConfigError(f"--tp {tp} --pp {pp} --ep {ep}: {msg}") from None
 
 
 def convert_hf_to_megatron(hf_dir: str | Path, out: str | Path, *, tp: int = 1, pp: int = 1,
-                           ep: int = 1, verify: bool = False) -> list[dict]:
+                           ep: int = 1, verify: bool = False, pp_first_layers: int | None = None,
+                           pp_last_layers: int | None = None) -> list[dict]:
     """HF folder -> Megatron distributed checkpoint written at layout ``tp x pp x ep`` (loadable at
-    any layout). Validates the architecture and layout before starting any rank."""
+    any layout, even or uneven: ``pp_first_layers`` / ``pp_last_layers``). Validates the architecture
+    and layout before starting any rank."""
+    split = (pp_first_layers, pp_last_layers)
     from megatron_maspo.conversion.validate import validate_hf_folder
     from megatron_maspo.model.hf_config import arch_spec_from_hf
 
@@ -273,19 +284,22 @@ def convert_hf_to_megatron(hf_dir: str | Path, out: str | Path, *, tp: int = 1, 
         spec = arch_spec_from_hf(hf_dir)
     except ValueError as e:
         raise InputError(f"{Path(hf_dir) / 'config.json'}: {e}") from None
-    _checked_layout(spec, tp, pp, ep)
+    _checked_layout(spec, tp, pp, ep, split)
     validate_hf_folder(hf_dir, spec)  # headers only: a bad file fails here, before any rank starts
     try:
-        return run_job(hf_to_megatron_rank, tp, pp, ep, str(hf_dir), str(out), tp, pp, ep, verify)
+        return run_job(hf_to_megatron_rank, tp, pp, ep, str(hf_dir), str(out), tp, pp, ep, verify, split)
     except BaseException:
         _remove_partial(out)
         raise
 
 
 def convert_megatron_to_hf(ckpt: str | Path, out: str | Path, *, tp: int = 1, pp: int = 1,
-                           ep: int = 1, dtype: str | None = None, verify: bool = False) -> list[dict]:
+                           ep: int = 1, dtype: str | None = None, verify: bool = False,
+                           pp_first_layers: int | None = None, pp_last_layers: int | None = None) -> list[dict]:
     """Megatron distributed checkpoint (saved at any layout) -> HF folder (safetensors + config +
-    tokenizer files), exported through a model built at ``tp x pp x ep``."""
+    tokenizer files), exported through a model built at ``tp x pp x ep`` (uneven stages as in
+    :func:`convert_hf_to_megatron`)."""
+    split = (pp_first_layers, pp_last_layers)
     from megatron_maspo.conversion.dist_ckpt import load_arch_spec
 
     _reject_existing(out)
@@ -297,12 +311,12 @@ def convert_megatron_to_hf(ckpt: str | Path, out: str | Path, *, tp: int = 1, pp
         spec = load_arch_spec(ckpt)
     except ValueError as e:
         raise InputError(str(e)) from None
-    _checked_layout(spec, tp, pp, ep)
+    _checked_layout(spec, tp, pp, ep, split)
     from megatron_maspo.model.safe_load import screen_checkpoint
 
     screen_checkpoint(Path(ckpt))  # before any rank starts: a refusal is one line, no output folder
     try:
-        return run_job(megatron_to_hf_rank, tp, pp, ep, str(ckpt), str(out), tp, pp, ep, dtype, verify)
+        return run_job(megatron_to_hf_rank, tp, pp, ep, str(ckpt), str(out), tp, pp, ep, dtype, verify, split)
     except BaseException:
         _remove_partial(out)
         raise

@@ -159,7 +159,8 @@ def check_model_layout(model: Any, parallel: Any, spec: Any) -> None:
     p = parallel
     sp = sequence_parallel_on(p.sequence_parallel, model.attention_backend, p.tp, spec.is_moe)
     try:
-        spec.validate_layout(p.tp, p.pp, p.ep, p.vpp, sequence_parallel=sp)
+        spec.validate_layout(p.tp, p.pp, p.ep, p.vpp, sequence_parallel=sp, pp_first=p.pp_first_layers,
+                             pp_last=p.pp_last_layers)
     except ValueError as e:
         raise ConfigError(f"parallel.tp={p.tp} parallel.pp={p.pp} parallel.ep={p.ep}: {e}") from None
     if model.moe_expert_bias and not (spec.is_moe and spec.moe_router_expert_bias):

@@ -36,6 +36,9 @@ class ModelBuildOptions:
     pp: int = 1
     ep: int = 1
     vpp: int | None = None
+    pp_first_layers: int | None = None
+    """Layers on the first / last pipeline stage (uneven split: ``parallel/pipeline_split.py``)."""
+    pp_last_layers: int | None = None
     cp: int = 1
     """Context-parallel size: each packed row split over ``cp`` ranks (``context_parallel_size``)."""
     cp_comm_type: str = "p2p"
@@ -176,7 +179,9 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
     """Megatron ``TransformerConfig`` for ``spec`` under ``opts`` (after ``validate_layout``)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    spec.validate_layout(opts.tp, opts.pp, opts.ep, opts.vpp, sequence_parallel=opts.sequence_parallel)
+    spec.validate_layout(opts.tp, opts.pp, opts.ep, opts.vpp, sequence_parallel=opts.sequence_parallel,
+                         pp_first=opts.pp_first_layers, pp_last=opts.pp_last_layers)
+    split = pipeline_split(spec, opts)
     on_gpu = on_cuda()
     kw: dict = dict(
         num_layers=spec.num_layers,
@@ -213,6 +218,7 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
         **(detected_fusion_options() if opts.jit_fusions else fusion_options(False)),
         deallocate_pipeline_outputs=on_gpu,
         batch_p2p_comm=True,
+        **split.megatron_kwargs(),
     )
     if spec.is_moe:
         from megatron_maspo.model.moe import moe_transformer_kwargs
@@ -235,6 +241,13 @@ def build_transformer_config(spec: ArchSpec, opts: ModelBuildOptions):
 
         return MLATransformerConfig(**kw, **mla_transformer_kwargs(spec))
     return TransformerConfig(**kw)
+
+
+def pipeline_split(spec: ArchSpec, opts: ModelBuildOptions):
+    """The :class:`~megatron_maspo.parallel.pipeline_split.PipelineSplit` these options build."""
+    from megatron_maspo.parallel.pipeline_split import PipelineSplit
+
+    return PipelineSplit(spec.num_layers, opts.pp, opts.vpp, opts.pp_first_layers, opts.pp_last_layers)
 
 
 def layer_spec(spec: ArchSpec, opts: ModelBuildOptions):

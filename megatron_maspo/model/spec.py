@@ -209,11 +209,13 @@ class ArchSpec:
         return total + emb + h
 
     def validate_layout(self, tp: int, pp: int, ep: int = 1, vpp: int | None = None, *,
-                        sequence_parallel: bool = False) -> None:
+                        sequence_parallel: bool = False, pp_first: int | None = None,
+                        pp_last: int | None = None) -> None:
         """Raise ``ValueError`` naming the constraint if this model cannot be split this way.
 
         ``sequence_parallel``: the run uses Megatron sequence parallelism (TE spec), which MoE needs
-        at TP > 1."""
+        at TP > 1. ``pp_first`` / ``pp_last``: layers of the first / last pipeline stage of an uneven
+        split (``parallel/pipeline_split.py``), None = even."""
         if self.num_attention_heads % tp:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not divisible by "
                              f"tensor_model_parallel_size={tp}")
@@ -224,10 +226,9 @@ class ArchSpec:
             # Megatron requires num_query_groups % tp == 0 for its own GQA split.
             raise ValueError(f"num_query_groups={self.num_query_groups} < tensor_model_parallel_size={tp}:"
                              " Megatron-Core cannot shard fewer KV heads than TP ranks")
-        chunks = pp * (vpp or 1)
-        if self.num_layers % chunks:
-            raise ValueError(f"num_layers={self.num_layers} is not divisible by pipeline stages x "
-                             f"virtual chunks = {pp} x {vpp or 1}")
+        from megatron_maspo.parallel.pipeline_split import PipelineSplit
+
+        PipelineSplit(self.num_layers, pp, vpp, pp_first, pp_last)  # raises naming the fix
         if self.is_hybrid:
             from megatron_maspo.model.gdn_dims import GdnDims
 

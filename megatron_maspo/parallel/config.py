@@ -34,6 +34,14 @@ class ParallelConfig:
     Ignored at TP 1."""
     vpp: int | None = None
     """Virtual pipeline chunks per stage (interleaved schedule); None disables it."""
+    pp_first_layers: int | None = None
+    """Decoder layers on the first pipeline stage (Megatron's ``num_layers_in_first_pipeline_stage``);
+    None = its even share. With ``pp_last_layers``, for layer counts that ``pp`` does not divide
+    (DeepSeek-V3's 61 at PP 16: ``pp_first_layers=1``, then 4 per stage): the stages between share
+    what is left evenly (``parallel/pipeline_split.py``)."""
+    pp_last_layers: int | None = None
+    """Decoder layers on the last pipeline stage (``num_layers_in_last_pipeline_stage``); None = its
+    even share. A lighter last stage leaves room for the LM head and the loss."""
     distributed_optimizer: bool = False
     """Shard optimizer state over data-parallel ranks (Megatron DistributedOptimizer, Adam only)."""
     overlap_grad_reduce: bool | None = None
@@ -58,6 +66,10 @@ class ParallelConfig:
             raise ValueError(f"parallel.cp_comm_type={self.cp_comm_type!r}; accepted: {CP_COMM_TYPES}")
         if self.vpp is not None and (self.vpp < 2 or self.pp < 2):
             raise ValueError(f"parallel.vpp={self.vpp} needs vpp >= 2 and pp >= 2 (pp={self.pp})")
+        for name in ("pp_first_layers", "pp_last_layers"):
+            n = getattr(self, name)
+            if n is not None and (n < 1 or self.pp < 2):
+                raise ValueError(f"parallel.{name}={n} needs pp >= 2 and at least one layer (pp={self.pp})")
         if self.world_size % (self.tp * self.pp * self.cp):
             raise ValueError(f"parallel.world_size={self.world_size} is not divisible by tp*pp*cp="
                              f"{self.tp * self.pp * self.cp}")
@@ -66,6 +78,13 @@ class ParallelConfig:
     def dp(self) -> int:
         """Data-parallel size (derived)."""
         return self.world_size // (self.tp * self.pp * self.cp)
+
+    def pipeline_split(self, num_layers: int):
+        """This layout's :class:`~.pipeline_split.PipelineSplit` of ``num_layers`` (``ValueError`` if
+        Megatron-Core cannot build it)."""
+        from megatron_maspo.parallel.pipeline_split import PipelineSplit
+
+        return PipelineSplit(num_layers, self.pp, self.vpp, self.pp_first_layers, self.pp_last_layers)
 
 
 def sequence_parallel_on(setting: bool | None, backend: str, tp: int, is_moe: bool) -> bool:

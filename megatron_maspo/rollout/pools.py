@@ -77,6 +77,9 @@ class PoolLayout:
     cp: int = 1
     ep: int = 1
     vpp: int | None = None
+    pp_first: int | None = None
+    """Layers of the first / last pipeline stage of an uneven split; None = even."""
+    pp_last: int | None = None
     sync_senders: str = "stages"
     """``rollout.sync_senders``: ``"stages"`` (each stage / EP rank sends its own tensors) or ``"rank0"``."""
     sync_transport: str = "broadcast"
@@ -151,7 +154,8 @@ class PoolLayout:
     @property
     def trainer_layout(self) -> TrainerLayout:
         """The training pool's layout as the transfer plan reads it."""
-        return TrainerLayout(tp=self.tp, pp=self.pp, cp=self.cp, dp=self.dp, ep=self.ep, vpp=self.vpp)
+        return TrainerLayout(tp=self.tp, pp=self.pp, cp=self.cp, dp=self.dp, ep=self.ep, vpp=self.vpp,
+                             pp_first=self.pp_first, pp_last=self.pp_last)
 
     @property
     def sender_ranks(self) -> tuple[int, ...]:
@@ -266,5 +270,6 @@ def build_pools(parallel, rollout, world: int) -> PoolLayout | None:
         return None
     p = parallel
     return PoolLayout(world=world, engine_ranks=rollout.engine_ranks, rollout_tp=engine_tp(rollout),
-                      tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, vpp=p.vpp, sync_senders=rollout.sync_senders,
+                      tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, vpp=p.vpp, pp_first=p.pp_first_layers,
+                      pp_last=p.pp_last_layers, sync_senders=rollout.sync_senders,
                       sync_transport=rollout.sync_transport, moe=p.ep > 1, max_links=rollout.max_weight_links)

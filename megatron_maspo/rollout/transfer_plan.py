@@ -75,6 +75,9 @@ class TrainerLayout:
     ep: int = 1
     vpp: int | None = None
     first_rank: int = 0
+    pp_first: int | None = None
+    """Layers of the first / last stage of an uneven split (``parallel/pipeline_split.py``); None = even."""
+    pp_last: int | None = None
 
     @property
     def stage_size(self) -> int:
@@ -120,11 +123,15 @@ class TrainerLayout:
         return tuple(sorted(out))
 
     def layer_stage(self, layer: int, num_layers: int) -> int:
-        """Pipeline stage holding global layer ``layer`` (even split, interleaved over virtual chunks)."""
-        chunks = self.pp * (self.vpp or 1)
-        if num_layers % chunks:
-            raise ValueError(f"transfer plan: {num_layers} layers do not split over {chunks} pipeline chunks")
-        return (layer // (num_layers // chunks)) % self.pp
+        """Pipeline stage holding global layer ``layer`` (Megatron's split, even or uneven, interleaved
+        over virtual chunks: :class:`~megatron_maspo.parallel.pipeline_split.PipelineSplit`)."""
+        from megatron_maspo.parallel.pipeline_split import PipelineSplit
+
+        try:
+            split = PipelineSplit(num_layers, self.pp, self.vpp, self.pp_first, self.pp_last)
+        except ValueError as e:
+            raise ValueError(f"transfer plan: {e}") from None
+        return split.stage_of(layer)
 
 
 @dataclass(frozen=True)

@@ -60,13 +60,25 @@ def make_samples(n_prompts: int = 4, group: int = 3, seed: int = 0) -> list[Samp
     return out
 
 
-def global_name(name: str, groups: ParallelGroups, spec: ArchSpec) -> str:
-    """Layout-independent parameter name (global layer and expert ids, tied output = embedding)."""
+def layer_ids(chunk) -> list[int]:
+    """Global 0-based ids of a chunk's decoder layers (Megatron's ``layer_number`` is global, 1-based):
+    right for even and uneven pipeline splits alike."""
+    model = chunk
+    while not hasattr(model, "decoder"):
+        model = model.module
+    return [layer.layer_number - 1 for layer in model.decoder.layers]
+
+
+def global_name(name: str, groups: ParallelGroups, spec: ArchSpec, layers: list[int] | None = None) -> str:
+    """Layout-independent parameter name (global layer and expert ids, tied output = embedding).
+
+    ``layers``: the chunk's :func:`layer_ids`; None = an even pipeline split."""
     if name == "output_layer.weight" and spec.tie_word_embeddings:
         return "embedding.word_embeddings.weight"
     parts = name.split(".")
     if name.startswith("decoder.layers."):
-        parts[2] = str(int(parts[2]) + groups.pp_rank * (spec.num_layers // groups.pp))
+        local = int(parts[2])
+        parts[2] = str(layers[local] if layers is not None else local + groups.pp_rank * (spec.num_layers // groups.pp))
     if "local_experts" in parts:
         k = parts.index("local_experts") + 1
         parts[k] = str(int(parts[k]) + groups.ep_rank * (spec.num_moe_experts // groups.ep))
@@ -99,8 +111,9 @@ def name_init(spec: ArchSpec, groups: ParallelGroups, seed: int = 7):
 
     def init(chunks: list) -> None:
         for m in chunks:
+            ids = layer_ids(m)
             for name, p in m.named_parameters():
-                gname = global_name(name, groups, spec)
+                gname = global_name(name, groups, spec, ids)
                 shape = list(p.shape)
                 split = _tp_split(name, p, groups)
                 if split:
@@ -137,13 +150,14 @@ def full_tensors(actor: MegatronActor, *, grads: bool) -> dict[str, torch.Tensor
         _gather_sharded_grads(actor)
     local: dict[str, torch.Tensor] = {}
     for c in actor.chunks:
+        ids = layer_ids(c)
         for name, p in c.module.named_parameters():
             t = (p.main_grad if grads else p.data).detach().float().clone()
             if _tp_split(name, p, groups):
                 parts = [torch.empty_like(t) for _ in range(groups.tp)]
                 dist.all_gather(parts, t.contiguous(), group=groups.tp_group)
                 t = _merge(name, parts, p.partition_dim)
-            gname = global_name(name, groups, spec)
+            gname = global_name(name, groups, spec, ids)
             if name == "output_layer.weight" and spec.tie_word_embeddings:
                 continue
             if gname in ("embedding.word_embeddings.weight", "output_layer.weight"):

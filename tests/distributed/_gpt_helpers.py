@@ -10,7 +10,7 @@ import torch.distributed as dist
 from megatron_maspo.model.provider import ModelBuildOptions, build_model_chunks
 from megatron_maspo.model.spec import ArchSpec
 from megatron_maspo.parallel.groups import ParallelGroups, init_parallel
-from tests.distributed._actor_helpers import _merge, global_name, name_init
+from tests.distributed._actor_helpers import _merge, global_name, layer_ids, name_init
 
 
 def make_batches(vocab: int, n_micro: int, b: int, s: int, seed: int = 0) -> list[dict]:
@@ -24,11 +24,15 @@ def make_batches(vocab: int, n_micro: int, b: int, s: int, seed: int = 0) -> lis
     return out
 
 
-def build(spec: ArchSpec, tp: int, pp: int, *, divisible_by: int, seed: int = 7):
-    """Build the chunks and give every parameter a value that depends only on its global name."""
+def build(spec: ArchSpec, tp: int, pp: int, *, divisible_by: int, seed: int = 7,
+          split: tuple[int | None, int | None] = (None, None)):
+    """Build the chunks and give every parameter a value that depends only on its global name.
+
+    ``split``: layers of the first and last pipeline stage (None = even)."""
     groups = init_parallel(tp=tp, pp=pp, seed=seed)
     torch.manual_seed(seed)
-    opts = ModelBuildOptions(tp=tp, pp=pp, make_vocab_size_divisible_by=divisible_by)
+    opts = ModelBuildOptions(tp=tp, pp=pp, make_vocab_size_divisible_by=divisible_by, pp_first_layers=split[0],
+                             pp_last_layers=split[1])
     chunks = build_model_chunks(spec, opts, pp_rank=groups.pp_rank)
     name_init(spec, groups, seed)(chunks)
     return groups, chunks
@@ -66,6 +70,7 @@ def full_named_grads(chunks: list, groups: ParallelGroups, spec: ArchSpec) -> di
     """
     local: dict[str, torch.Tensor] = {}
     for m in chunks:
+        ids = layer_ids(m)
         for name, p in m.named_parameters():
             g = p.grad if p.grad is not None else getattr(p, "main_grad", None)
             g = torch.zeros_like(p) if g is None else g.detach().clone()
@@ -73,7 +78,7 @@ def full_named_grads(chunks: list, groups: ParallelGroups, spec: ArchSpec) -> di
                 parts = [torch.empty_like(g) for _ in range(groups.tp)]
                 dist.all_gather(parts, g.contiguous(), group=groups.tp_group)
                 g = _merge(name, parts, p.partition_dim)
-            name = global_name(name, groups, spec)
+            name = global_name(name, groups, spec, ids)
             if name == "output_layer.weight" and spec.tie_word_embeddings:
                 continue  # PP > 1: the tied copy; its grad was summed into the embedding's
             local[name] = g

@@ -172,6 +172,8 @@ class PoolPlan:
     engine_kind: str = "vllm"
     gpus_per_node: int = 8
     reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the estimate does not model (``estimator.py::FP8_TRAINING_NOTE``); printed, never a refusal."""
 
     @property
     def trainer_world(self) -> int:
@@ -244,7 +246,8 @@ def pool_layout(lay: Layout, world: int, engine_ranks: int, engine_tp: int,
     """The runtime's :class:`PoolLayout` for this split and its placement, or None and why not."""
     try:
         pools = PoolLayout(world=world, engine_ranks=engine_ranks, rollout_tp=engine_tp, tp=lay.tp, pp=lay.pp,
-                           cp=lay.cp, ep=lay.ep, sync_senders=sync_senders, moe=moe and lay.ep > 1)
+                           cp=lay.cp, ep=lay.ep, pp_first=lay.pp_first, pp_last=lay.pp_last,
+                           sync_senders=sync_senders, moe=moe and lay.ep > 1)
         pools.placement(gpus_per_node)
     except ValueError as e:
         return None, [str(e)]
@@ -287,7 +290,8 @@ def estimate_disaggregated(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nod
     ro = cfg.rollout
     world, r = nodes * gpus_per_node, ro.engine_ranks
     base = PoolPlan(layout=lay, world=world, engine_ranks=r, prompts_per_step=cfg.train.prompts_per_step,
-                    gpus_per_node=gpus_per_node, engine_kind=ro.engine)
+                    gpus_per_node=gpus_per_node, engine_kind=ro.engine,
+                    notes=[P.FP8_TRAINING_NOTE] if P.fp8_training_requested(cfg) else [])
     pools, reasons = pool_layout(lay, world, r, ro.engine_tp, gpus_per_node, sync_senders=ro.sync_senders,
                                  moe=spec.is_moe)
     if pools is None:

@@ -29,6 +29,9 @@ Memory (GiB = 2^30 bytes, per GPU, on the worst pipeline stage; P_l = parameters
 
     reference   = P_l * (2 if bf16 else 4)        the frozen reference model (train.reference_model)
 
+    (each term's megatron-core / vLLM source: launch/plan/memory.py; FP8 training is not modelled, a config
+    asking for it is estimated as bf16 and the plan says so: ``FP8_TRAINING_NOTE``)
+
     train peak   = weights + reference + grads + optimizer + activations + attention + logprob + reserve
     rollout peak = the highest of, in the trainer's phase order (launch/plan/memory.py::ROLLOUT_PHASE_ORDER):
                    weights wake   state + engine weights                  state = weights + reference
@@ -128,6 +131,7 @@ from megatron_maspo.launch.plan.types import GIB, Assumptions, Layout, Memory, P
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
 from megatron_maspo.parallel.config import sequence_parallel_on
 from megatron_maspo.parallel.logprobs_budget import DEFAULT_BUDGET_BYTES
+from megatron_maspo.parallel.pipeline_split import suggestions
 from megatron_maspo.rollout import engines
 from megatron_maspo.rollout.fleet import FleetLayout, build_fleet
 
@@ -140,6 +144,17 @@ __all__ = ["GIB", "Assumptions", "Layout", "Memory", "Plan", "StepTime", "active
 
 logger = logging.getLogger(__name__)
 
+FP8_TRAINING_KEYS = ("model.fp8", "model.fp8_training", "train.fp8")
+"""Where a config would ask for FP8 training (Megatron's TransformerConfig names it ``fp8``). The config
+schema has no such key today (``--set model.fp8=...`` is refused as an unknown key before the planner runs),
+so only a config object that carries one (built in code, or by a newer schema) reaches the note."""
+FP8_TRAINING_NOTE = "FP8 training is not modelled; estimated as bf16"
+
+
+def fp8_training_requested(cfg: MaspoConfig) -> bool:
+    """Whether any of ``FP8_TRAINING_KEYS`` is set (truthy) on ``cfg``."""
+    sections = (key.split(".") for key in FP8_TRAINING_KEYS)
+    return any(getattr(getattr(cfg, section, None), name, None) for section, name in sections)
 
 
 def arch_of(cfg: MaspoConfig) -> ArchSpec:
@@ -160,13 +175,15 @@ def arch_of(cfg: MaspoConfig) -> ArchSpec:
 def layout_of(cfg: MaspoConfig) -> Layout:
     p = cfg.parallel
     return Layout(tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, recompute=cfg.model.recompute,
-                  distributed_optimizer=p.distributed_optimizer, vllm_tp=cfg.rollout.vllm_tp, cp=p.cp)
+                  distributed_optimizer=p.distributed_optimizer, vllm_tp=cfg.rollout.vllm_tp, cp=p.cp,
+                  pp_first=p.pp_first_layers, pp_last=p.pp_last_layers)
 
 
 def fleet_of(cfg: MaspoConfig, lay: Layout, world: int) -> FleetLayout | None:
     """The :class:`FleetLayout` the trainer would build for ``cfg`` with layout ``lay`` on ``world`` GPUs."""
     try:  # the config's own validation refuses layouts that do not divide the world: no fleet then
-        p = dataclasses.replace(cfg.parallel, tp=lay.tp, pp=lay.pp, ep=lay.ep)
+        p = dataclasses.replace(cfg.parallel, tp=lay.tp, pp=lay.pp, ep=lay.ep, pp_first_layers=lay.pp_first,
+                                pp_last_layers=lay.pp_last)
         cfg = dataclasses.replace(cfg, parallel=p, rollout=dataclasses.replace(cfg.rollout, vllm_tp=lay.vllm_tp))
         return build_fleet(cfg.parallel, cfg.rollout, world)
     except ValueError:
@@ -191,7 +208,8 @@ def _layout_reasons(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, world: int,
         spec.validate_layout(lay.tp, lay.pp, lay.ep, lay.vpp,
                              sequence_parallel=sequence_parallel_on(cfg.parallel.sequence_parallel,
                                                                     cfg.model.attention_backend, lay.tp,
-                                                                    spec.is_moe))
+                                                                    spec.is_moe),
+                             pp_first=lay.pp_first, pp_last=lay.pp_last)
     except ValueError as e:
         reasons.append(str(e))
     if spec.is_moe:
@@ -275,7 +293,8 @@ def _shape(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, dp: int, hw: Assumptio
     return _Shape(seq_max=seq_max, avg_prompt=avg_prompt, avg_resp=avg_resp, tail=tail,
                   n_seqs=tr.prompts_per_step * ro.group_size, n_micro=n_micro, inflight=inflight,
                   n_tok=row // lay.cp,  # this GPU's share of a row under context parallelism
-                  elt=2 if (cfg.model.bf16 or cfg.model.fp16) else 4,  # fp16 weights: 2 bytes too
+                  # fp16 weights: 2 bytes too; FP8 training is estimated as bf16 (FP8_TRAINING_NOTE)
+                  elt=2 if (cfg.model.bf16 or cfg.model.fp16 or fp8_training_requested(cfg)) else 4,
                   has_ref=tr.reference_model or cfg.loss.kl_coef > 0)  # the actor builds one in either case
 
 
@@ -299,14 +318,14 @@ def _memory(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, dp: int, sh: _Shape, 
     tr = cfg.train
     p_dense, p_expert = local_params(spec, lay, cfg.model.make_vocab_size_divisible_by)
     p_local, elt, n_tok = p_dense + p_expert, sh.elt, sh.n_tok
-    opt_per_param = 12 if (cfg.model.bf16 or cfg.model.fp16) else 8  # 16-bit weights + fp32 master copy
+    opt_per_param = 12 if elt == 2 else 8  # 16-bit weights + fp32 master copy (memory.py: sources)
     d_dense = dp * lay.cp if lay.distributed_optimizer else 1  # Megatron shards over the dp x cp group
     # expert data-parallel size = tp*cp*dp/ep: Megatron's expert layout is ETP 1 x EP x expert-DP x PP
     d_expert = max(1, dp * lay.cp * lay.tp // lay.ep) if lay.distributed_optimizer else 1
     backend = cfg.model.attention_backend
     sp = sequence_parallel_on(cfg.parallel.sequence_parallel, backend, lay.tp, spec.is_moe)
     per_layer = activation_bytes(spec, lay.tp, lay.recompute, elt, sp)
-    act = sh.inflight * (spec.num_layers // lay.pp) * n_tok * per_layer
+    act = sh.inflight * lay.stage_layer_count(spec.num_layers) * n_tok * per_layer
     if lay.recompute == "full":
         act += n_tok * activation_bytes(spec, lay.tp, None, elt, sp)
     act += n_tok * spec.hidden_size * elt / (lay.tp if sp else 1)  # final hidden states for the LM head
@@ -334,11 +353,24 @@ def _memory_reasons(mem: Memory, sh: _Shape, kv_pool: float, kv_seqs: int, hw: A
         why = (f"; model.attention_backend='dense_mask' holds {mem.attention:.1f} GiB of [S, S] attention "
                f"tensors at S={sh.n_tok}: 'packed_sdpa' or 'te' are linear in S" if mem.attention else "")
         reasons.append(f"needs {mem.peak:.1f} GiB per GPU > {hw.gpu_mem_gb:.0f} GiB (train peak "
-                       f"{mem.train_peak:.1f}, rollout peak {mem.rollout_peak:.1f}){why}")
+                       f"{mem.train_peak:.1f}, rollout peak {mem.rollout_peak:.1f}){why}{_sync_peak_note(mem)}")
     if kv_seqs < 1:
         reasons.append(f"the engine's KV pool ({kv_pool / GIB:.1f} GiB) holds no full-length sequence of "
                        f"{sh.seq_max} tokens; raise rollout.vllm_gpu_memory_utilization or vllm_tp")
     return reasons
+
+
+def _sync_peak_note(mem: Memory) -> str:
+    """Why a peak at the weights' wake or the sync is the trainer's phase order, and what the other order
+    (``memory.py::STATE_FIRST_ORDER``) would need; empty unless that is where the plan peaks and grads or
+    optimizer state are offloaded (only later, in this trainer)."""
+    early = mem.offloaded.get("grads", 0.0) + mem.offloaded.get("optimizer", 0.0)
+    if mem.rollout_peak_phase not in ("weights_wake", "sync") or mem.rollout_peak <= mem.train_peak or not early:
+        return ""
+    other = max(mem.train_peak, max(g for _, g in mem.rollout_trace_state_first))
+    return (f"; at the sync the trainer still holds the {early:.1f} GiB of grads + optimizer it offloads after "
+            f"it (train/actor/offload.py::STEP_PHASES); offloaded before the engine's weights wake (NeMo-RL's "
+            f"offload_before_refit) the peak would be {other:.1f}")
 
 
 def seq_second_moment(sh: _Shape) -> float:
@@ -372,8 +404,9 @@ def _trainer_seconds(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, 
     fwd_s = ((f_fwd - f_exp) / (peak * mfu) + f_exp / (peak * hw.moe_expert_mfu)) * bubble
     ring_f, ring_b = _cp_ring(spec, lay, tr.max_tokens_per_micro_batch * lay.cp, avg_seq, sh.elt, hw,
                               gpus_per_node)
-    ring_fwd = ring_f * sh.n_micro * tr.mini_batches_per_step * (spec.num_layers // lay.pp)
-    ring_bwd = ring_b * sh.n_micro * tr.mini_batches_per_step * (spec.num_layers // lay.pp)
+    busiest = lay.stage_layer_count(spec.num_layers)  # the pipeline runs at its busiest stage's pace
+    ring_fwd = ring_f * sh.n_micro * tr.mini_batches_per_step * busiest
+    ring_bwd = ring_b * sh.n_micro * tr.mini_batches_per_step * busiest
     # MoE token all-to-all over EP (launch/plan/moe_comm.py): the step's tokens per data-parallel replica
     a2a_f, a2a_b = a2a_seconds(spec, lay, n_seqs * avg_seq / (world // (lay.tp * lay.pp * lay.cp)), sh.elt, hw,
                                gpus_per_node, micro_batches=sh.n_micro * tr.mini_batches_per_step)
@@ -434,9 +467,10 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     """
     hw = hw or Assumptions()
     world = nodes * gpus_per_node
+    notes = [FP8_TRAINING_NOTE] if fp8_training_requested(cfg) else []
     reasons, dp = _layout_reasons(cfg, spec, lay, world, gpus_per_node)
     if not dp:
-        return Plan(layout=lay, world=world, dp=0, reasons=reasons)
+        return Plan(layout=lay, world=world, dp=0, reasons=reasons, notes=notes)
     reasons += _engine_tp_reasons(lay, world, gpus_per_node)
     sh = _shape(cfg, spec, lay, dp, hw, reasons)
     engine, engine_w, kv_pool = _engine_bytes(cfg, spec, lay, sh, world, hw)
@@ -448,7 +482,7 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     gen = _generation(cfg, spec, lay, sh, fleet, engine_w, kv_pool, hw)
     sync = hw.sync_fixed_s + 2 * spec.num_parameters() / (hw.sync_gb_s * 1e9)
     ro = cfg.rollout
-    return Plan(layout=lay, world=world, dp=dp, memory=mem, kv_seqs=kv_seqs, reasons=reasons,
+    return Plan(layout=lay, world=world, dp=dp, memory=mem, kv_seqs=kv_seqs, reasons=reasons, notes=notes,
                 engines=fleet.num_engines if fleet else 1, tail=sh.tail, fleet=fleet,
                 prompts_per_step=cfg.train.prompts_per_step,
                 transport=ro.weight_transport if engines.relays_to_workers(ro) else "in-process", bucket_mb=ro.bucket_mb,
@@ -467,13 +501,18 @@ def suggest(cfg: MaspoConfig, spec: ArchSpec, *, nodes: int, gpus_per_node: int,
     """The fitting layout nearest to the config's: fewest changed knobs, then the fastest step."""
     base = layout_of(cfg)
     tps = [t for t in (1, 2, 4, 8) if t <= gpus_per_node]
-    pps = _divisors(spec.num_layers, 16)
+    # even splits, and the most balanced uneven one where pp does not divide the layers (61 at PP 16)
+    pps = [(pp, None, None) for pp in _divisors(spec.num_layers, 16)]
+    pps += [(pp, *suggestions(spec.num_layers, pp)[0]) for pp in (2, 4, 8, 16)
+            if spec.num_layers % pp and pp < spec.num_layers and suggestions(spec.num_layers, pp)]
     eps = [e for e in _divisors(spec.num_moe_experts, 256) if e & (e - 1) == 0] if spec.is_moe else [1]
     best: tuple[tuple[int, float], Plan] | None = None
-    for tp, pp, ep, rc, do, vtp in itertools.product(tps, pps, eps, (None, "selective", "full"),
-                                                     (False, True), tps):
+    for tp, (pp, first, last), ep, rc, do, vtp in itertools.product(tps, pps, eps, (None, "selective", "full"),
+                                                                    (False, True), tps):
+        if (pp, first, last) == (base.pp, None, None) and (base.pp_first, base.pp_last) != (None, None):
+            first, last = base.pp_first, base.pp_last  # the config's own uneven split at its pp
         lay = Layout(tp=tp, pp=pp, ep=ep, vpp=base.vpp if base.vpp and pp == base.pp else None,
-                     recompute=rc, distributed_optimizer=do, vllm_tp=vtp)
+                     recompute=rc, distributed_optimizer=do, vllm_tp=vtp, pp_first=first, pp_last=last)
         plan = estimate(cfg, spec, lay, nodes=nodes, gpus_per_node=gpus_per_node, hw=hw)
         if not plan.fits or plan.time is None:
             continue
@@ -489,7 +528,8 @@ def apply_layout(cfg: MaspoConfig, lay: Layout) -> list[str]:
     cur = layout_of(cfg)
     names = {"tp": "parallel.tp", "pp": "parallel.pp", "ep": "parallel.ep", "vpp": "parallel.vpp",
              "recompute": "model.recompute", "distributed_optimizer": "parallel.distributed_optimizer",
-             "vllm_tp": "rollout.vllm_tp", "cp": "parallel.cp"}
+             "vllm_tp": "rollout.vllm_tp", "cp": "parallel.cp", "pp_first": "parallel.pp_first_layers",
+             "pp_last": "parallel.pp_last_layers"}
     out = []
     for f in dataclasses.fields(Layout):
         new = getattr(lay, f.name)

@@ -17,6 +17,33 @@ so once offloaded the GPU holds only what is not, and the host holds the rest:
 The update phase reloads everything, so the train peak does not change. tests/distributed/
 test_plan_memory.py compares these per-category figures with the bytes ``StateOffloader`` measures on
 CPU runs of a tiny model (1 rank fp32 with a reference model; 2 ranks bf16 + distributed optimizer).
+
+Where each term comes from (audited against megatron-core 0.16.1 and vLLM in 2026-12; the figures and the
+layouts checked are in docs/performance-model.md §7; tests/unit/launch/test_plan_memory_terms.py pins them):
+
+    grads       4 bytes per local parameter: the trainer builds Megatron's DDP with grad_reduce_in_fp32=True
+                (train/actor/optimizer.py::wrap_ddp), so every ``main_grad`` is a view into an fp32
+                ``grad_data`` buffer of the whole local model (distributed/param_and_grad_buffer.py); the
+                distributed optimizer reduce-scatters into that full buffer, it does not shrink it
+    optimizer   12 bytes per parameter (fp32 main copy + Adam m and v) for 16-bit weights, 8 for fp32
+                (the main params are the model's), divided by the group the distributed optimizer shards
+                over: each ``_ParamAndGradBuffer``'s ``data_parallel_group`` (optimizer/distrib_optimizer.py,
+                ``_build_model_gbuf_range``), which is the dp x cp group for dense parameters and the
+                expert-data-parallel group for experts (distributed/distributed_data_parallel.py passes
+                ``intra_expt_dp_group`` to the expert buffers), of size world / (expert TP x EP x PP) =
+                dp x tp x cp / ep at expert TP 1 (parallel_state.py, ``expert_data_parallel_size``)
+    params      the 16-bit weights once: with the distributed optimizer (and overlap_param_gather) the
+                parameters *are* views into the buffer's ``param_data``, which the all-gather fills in
+                place; no second gather buffer exists outside MXFP8 (param_and_grad_buffer.py)
+    engine      vLLM's gpu_memory_utilization is a fraction of the whole device for this engine alone
+                (weights + activations + KV; its start-up check refuses when free memory is below
+                utilisation x total), and sleep mode frees the weights and KV tags while the trainer
+                trains, so the share counts in the rollout phases only, never in the train peak
+
+The rollout phases below are the trainer's (``train/actor/offload.py::STEP_PHASES``): it wakes the engine's
+weights and syncs with its whole state resident, and offloads only after the sync. ``STATE_FIRST_ORDER``
+is the other order (grads and optimizer leave before the weights wake); the planner does not plan with
+it, it only says what a layout refused at the sync would need under it.
 """
 
 from __future__ import annotations
@@ -51,6 +78,18 @@ ROLLOUT_PHASE_ORDER: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = (
 )
 """(phase, ((memory term, sign), ...)) in the trainer's order; a term added and removed inside one phase
 (the sync bucket) is transient: it counts at its height, then leaves."""
+
+STATE_FIRST_ORDER: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = (
+    ("state_offload", (("offloaded_state", -1),)),
+    ("weights_wake", (("engine_weights", +1),)),
+    ("sync", (("sync_bucket", +1), ("sync_bucket", -1))),
+    ("params_offload", (("offloaded_params", -1),)),
+    ("kv_wake", (("engine_kv", +1),)),
+)
+"""Not this trainer's order: the offloaded grads and optimizer state go to the host before the engine's
+weights wake, the sync streams from the resident weights, then the offloaded weights leave (NeMo-RL's
+Megatron worker: ``offload_before_refit`` moves the grad buffers and optimizer state, ``offload_after_refit``
+the model). Only for the refusal's explanation (``estimator.py::_sync_peak_note``)."""
 
 ROLLOUT_START_TERMS = ("trainer_state", "reserve")
 """Resident when the update ends and generation begins: the trainer's weights, reference, grads and

@@ -42,7 +42,7 @@ def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[
     emb = spec.padded_vocab_size(t, divisible_by) * h / t
     best = (0.0, 0.0)
     # the stage holding the most parameters (dense first layers sit on stage 0; hybrid stages mix kinds)
-    for stage, layers in enumerate(stage_layers(spec.num_layers, lay.pp, lay.vpp)):
+    for stage, layers in enumerate(stage_layers(spec.num_layers, lay.pp, lay.vpp, lay.pp_first, lay.pp_last)):
         n_moe = sum(spec.is_moe_layer(i) for i in layers)
         dense = sum((gdn if spec.layer_kind(i) == "linear" else attn) + 2 * h for i in layers)
         dense += n_moe * moe_mlp + (len(layers) - n_moe) * dense_mlp
@@ -56,11 +56,21 @@ def local_params(spec: ArchSpec, lay: Layout, divisible_by: int = 128) -> tuple[
     return best
 
 
-def stage_layers(num_layers: int, pp: int, vpp: int | None) -> list[list[int]]:
-    """Global layer ids of each pipeline stage (virtual chunk ``c`` of ``pp·vpp`` sits on stage ``c % pp``)."""
-    chunks = pp * (vpp or 1)
-    per = num_layers // chunks
-    return [[i for c in range(s, chunks, pp) for i in range(c * per, (c + 1) * per)] for s in range(pp)]
+def stage_layers(num_layers: int, pp: int, vpp: int | None, first: int | None = None,
+                 last: int | None = None) -> list[list[int]]:
+    """Global layer ids of each pipeline stage, even or uneven (``parallel/pipeline_split.py``); a split
+    Megatron refuses (reported by ``_layout_reasons``) is estimated as ``ceil(L / pp)`` consecutive layers."""
+    from megatron_maspo.parallel.pipeline_split import PipelineSplit
+
+    try:
+        split = PipelineSplit(num_layers, pp, vpp, first, last)
+    except ValueError:
+        per = -(-num_layers // pp)
+        return [list(range(s * per, min((s + 1) * per, num_layers))) for s in range(pp)]
+    out: list[list[int]] = [[] for _ in range(pp)]
+    for i in range(num_layers):
+        out[split.stage_of(i)].append(i)
+    return out
 
 
 def activation_bytes(spec: ArchSpec, tp: int, recompute: str | None, elt: int,
@@ -88,7 +98,7 @@ def dense_attention_bytes(spec: ArchSpec, lay: Layout, seq: int, inflight: float
     heads, s2 = spec.num_attention_heads / lay.tp, float(seq) ** 2
     upcast = 4 if elt < 4 else 0
     per_layer = (4 + elt if elt < 4 else 4) * heads * s2
-    layers = inflight * (spec.num_layers // lay.pp) if lay.recompute is None else 1
+    layers = inflight * lay.stage_layer_count(spec.num_layers) if lay.recompute is None else 1
     return inflight * s2 + layers * per_layer + (2 * elt + upcast) * heads * s2
 
 

@@ -54,16 +54,18 @@ COLLECTIVES_PER_PASS = 3
 ``token_dispatch``, outputs in ``token_combine`` (token_dispatcher.py, megatron-core 0.16.1)."""
 
 
-def moe_layers_on_busiest_stage(spec: ArchSpec, pp: int) -> int:
-    """MoE layers of the pipeline stage holding most of them (stages of ceil(L / pp) consecutive layers).
+def moe_layers_on_busiest_stage(spec: ArchSpec, pp: int, vpp: int | None = None, first: int | None = None,
+                                last: int | None = None) -> int:
+    """MoE layers of the pipeline stage holding most of them (the trainer's split, even or uneven:
+    ``model.py::stage_layers``).
 
     The pipeline runs at its slowest stage's pace, and with dense first layers the first stage holds fewer
     MoE layers than the others.
     """
-    per_stage = math.ceil(spec.num_layers / pp)
-    counts = [sum(spec.is_moe_layer(i) for i in range(s, min(s + per_stage, spec.num_layers)))
-              for s in range(0, spec.num_layers, per_stage)]
-    return max(counts, default=0)
+    from megatron_maspo.launch.plan.model import stage_layers
+
+    return max((sum(spec.is_moe_layer(i) for i in layers)
+                for layers in stage_layers(spec.num_layers, pp, vpp, first, last)), default=0)
 
 
 def offnode_peer_fraction(ep: int, gpus_per_node: int) -> float:
@@ -99,7 +101,7 @@ def a2a_seconds(spec: ArchSpec, lay: Layout, tokens: float, elt: int, hw: Assump
     forward = backward = L_moe (2 max(b (1 - f) / bw_nvlink, b f / bw_ib) + 3 M lat), b for
     t = T / (cp tp) tokens per GPU (module docstring).
     """
-    layers = moe_layers_on_busiest_stage(spec, lay.pp)
+    layers = moe_layers_on_busiest_stage(spec, lay.pp, lay.vpp, lay.pp_first, lay.pp_last)
     if lay.ep <= 1 or layers == 0 or tokens <= 0:
         return 0.0, 0.0
     b = a2a_bytes(tokens / (lay.cp * lay.tp), spec.moe_router_topk, spec.hidden_size, elt, lay.ep)

@@ -37,6 +37,7 @@ def format_plan(plan: Plan, title: str = "") -> str:
         fleet = plan.fleet.describe(plan.prompts_per_step) if plan.fleet else "1 engine (no fleet layout)"
         lines.append(f"  rollout fleet (as the trainer builds it): {fleet}; longest response {plan.tail:.0f} tokens")
         lines.append(f"  weight sync: transport {plan.transport}, buckets of {plan.bucket_mb:g} MiB")
+    lines += [f"  note: {n}" for n in plan.notes]
     lines += [f"  REFUSED: {r}" for r in plan.reasons] or ["  fits"]
     return "\n".join(lines)
 
@@ -79,6 +80,7 @@ def format_pool_plan(plan, title: str = "") -> str:
                      f"{t.total_at(0):.0f} at k=0; longest response {plan.tail:.0f} tokens")
     if plan.pools:
         lines.append(f"  pools (as the job builds them): {plan.pools.describe(plan.prompts_per_step)}")
+    lines += [f"  note: {n}" for n in plan.notes]
     lines += [f"  REFUSED: {r}" for r in plan.reasons] or ["  fits"]
     return "\n".join(lines)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from megatron_maspo.launch.plan.memory import rollout_trace
+from megatron_maspo.launch.plan.memory import STATE_FIRST_ORDER, rollout_trace
 
 if TYPE_CHECKING:
     from megatron_maspo.rollout.fleet import FleetLayout
@@ -109,6 +109,25 @@ class Layout:
     distributed_optimizer: bool = False
     vllm_tp: int = 1
     cp: int = 1
+    pp_first: int | None = None
+    """Layers of the first / last pipeline stage of an uneven split (``parallel.pp_first_layers`` /
+    ``pp_last_layers``; ``parallel/pipeline_split.py``); None = even."""
+    pp_last: int | None = None
+
+    def split(self, num_layers: int):
+        """This layout's :class:`~megatron_maspo.parallel.pipeline_split.PipelineSplit` (``ValueError`` if
+        Megatron-Core cannot build it)."""
+        from megatron_maspo.parallel.pipeline_split import PipelineSplit
+
+        return PipelineSplit(num_layers, self.pp, self.vpp, self.pp_first, self.pp_last)
+
+    def stage_layer_count(self, num_layers: int) -> int:
+        """Layers of the busiest pipeline stage (what bounds its activations and its pipeline time);
+        ``ceil(L / pp)`` for a split Megatron refuses (the refusal is reported elsewhere)."""
+        try:
+            return self.split(num_layers).max_stage_layers
+        except ValueError:
+            return -(-num_layers // self.pp)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,13 +163,24 @@ class Memory:
         return (self.weights + self.reference + self.grads + self.optimizer + self.activations
                 + self.attention + self.logprob + self.reserve)
 
+    def _phase_terms(self) -> dict[str, float]:
+        w = self.engine if self.engine_weights is None else self.engine_weights
+        early = self.offloaded.get("grads", 0.0) + self.offloaded.get("optimizer", 0.0)
+        return {"trainer_state": self.weights + self.reference + self.grads + self.optimizer,
+                "reserve": self.reserve, "engine_weights": w, "sync_bucket": self.sync_bucket,
+                "offloaded": self.host, "engine_kv": self.engine - w,
+                "offloaded_state": early, "offloaded_params": self.host - early}
+
     @property
     def rollout_trace(self) -> list[tuple[str, float]]:
         """(phase, GiB reached) in the trainer's order from training to generation (launch/plan/memory.py)."""
-        w = self.engine if self.engine_weights is None else self.engine_weights
-        return rollout_trace({"trainer_state": self.weights + self.reference + self.grads + self.optimizer,
-                              "reserve": self.reserve, "engine_weights": w, "sync_bucket": self.sync_bucket,
-                              "offloaded": self.host, "engine_kv": self.engine - w})
+        return rollout_trace(self._phase_terms())
+
+    @property
+    def rollout_trace_state_first(self) -> list[tuple[str, float]]:
+        """(phase, GiB reached) had the offloaded grads and optimizer left before the engine's weights woke
+        (``memory.py::STATE_FIRST_ORDER``, not this trainer's order: explanation only)."""
+        return rollout_trace(self._phase_terms(), STATE_FIRST_ORDER)
 
     @property
     def rollout_peak(self) -> float:
@@ -207,6 +237,8 @@ class Plan:
     bucket_mb: float = 0.0
     gpus_per_node: int = 8
     reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the estimate does not model and how it stands in for it (printed, never a refusal)."""
 
     @property
     def prompts_per_engine(self) -> int:

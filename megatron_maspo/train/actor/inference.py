@@ -35,7 +35,8 @@ def actor_build_options(model: ModelConfig, parallel: ParallelConfig,
     decides the default of ``parallel.sequence_parallel`` (on for MoE at TP > 1)."""
     p = parallel
     opts = ModelBuildOptions(
-        tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, cp=p.cp, cp_comm_type=p.cp_comm_type, bf16=model.bf16,
+        tp=p.tp, pp=p.pp, ep=p.ep, vpp=p.vpp, pp_first_layers=p.pp_first_layers,
+        pp_last_layers=p.pp_last_layers, cp=p.cp, cp_comm_type=p.cp_comm_type, bf16=model.bf16,
         fp16=model.fp16, recompute=model.recompute,
         make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
         calculate_per_token_loss=True, **attention_options(model.attention_backend, p.tp),

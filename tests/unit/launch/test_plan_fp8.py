@@ -82,3 +82,27 @@ def test_in_flight_updates_drop_only_the_straggler_steps():
     assert waits - overlaps == pytest.approx(straggler_steps)
     flat = dataclasses.replace(load, tail=2000)
     assert generation_seconds(flat, **kw) == generation_seconds(flat, tail_overlapped=True, **kw)
+
+
+def test_fp8_training_is_noted_and_estimated_as_bf16():
+    """FP8 training is not modelled: a config that asks for it (Megatron's ``fp8`` on the model section; the
+    schema has no such key yet, so the attribute is set on the object) is planned as bf16 with one note
+    and no other reason, colocated and disaggregated, and ``format_plan`` prints the note."""
+    from megatron_maspo.launch.plan import estimate_disaggregated, format_plan
+    from megatron_maspo.launch.plan.estimator import FP8_TRAINING_NOTE
+    from megatron_maspo.launch.plan.report import format_pool_plan
+
+    bf16 = load_recipe("qwen3_30b_a3b_maspo")
+    base = estimate(bf16, arch_of(bf16), layout_of(bf16), nodes=4, gpus_per_node=8)
+    assert base.notes == [] and FP8_TRAINING_NOTE == "FP8 training is not modelled; estimated as bf16"
+    for bf16_flag in (True, False):  # an FP8 request without bf16 is still estimated as bf16
+        cfg = load_recipe("qwen3_30b_a3b_maspo")
+        cfg.model.fp8 = "hybrid"
+        cfg.model.bf16 = bf16_flag
+        plan = estimate(cfg, arch_of(cfg), layout_of(cfg), nodes=4, gpus_per_node=8)
+        assert plan.notes == [FP8_TRAINING_NOTE] and plan.reasons == base.reasons
+        assert plan.memory == base.memory
+        assert f"  note: {FP8_TRAINING_NOTE}\n" in format_plan(plan)
+    cfg.rollout = dataclasses.replace(cfg.rollout, placement="disaggregated", engine_ranks=8, max_staleness=1)
+    pool = estimate_disaggregated(cfg, arch_of(cfg), layout_of(cfg), nodes=4, gpus_per_node=8)
+    assert pool.notes == [FP8_TRAINING_NOTE] and f"note: {FP8_TRAINING_NOTE}" in format_pool_plan(pool)
