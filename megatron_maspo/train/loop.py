@@ -23,6 +23,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -131,7 +132,7 @@ class Trainer:
         self.version = self.step
         fleet = None
         if pools is not None:  # the engines live in the rollout pool: nothing to take turns with here
-            self.colocation = Colocation(self.actor.offloader)
+            self.colocation = Colocation(self.actor.offloader, state_first=False)
         else:
             fleet = build_fleet(cfg.parallel, cfg.rollout, world)  # the same object the planner reads
             # the colocation phase order (train/actor/offload.py::STEP_PHASES): the engine starts, sleeps
@@ -147,6 +148,7 @@ class Trainer:
         self.sync_engine: dict[str, float] = {}  # colocated: this rank's engine's figures of the last sync
         self.syncs_done = 0  # by this process: its engines are fresh, so its first sync is verified in full
         self.sync_figures: dict[str, float] = {}
+        self.saved_step: int | None = None  # the step of the last checkpoint this process wrote
         self.transfer_plan = None  # the funnel (colocated engines, rollout.sync_senders=rank0)
         if pools is not None and cfg.rollout.sync_senders == "stages":
             self.transfer_plan = plan_pool_transfer(self.spec, pools.layout, cfg.model.dtype_name)
@@ -157,9 +159,14 @@ class Trainer:
             save_config(cfg, self.run_dir / "config.yaml")
 
     # ---------------------------------------------------------------- one RL step
-    def train_one_step(self) -> dict[str, float]:
+    def train_one_step(self, save_due: Callable[[int], bool] = lambda step: False) -> dict[str, float]:
         """Generate and grade (the rollout side), train (the actor), sync; returns the step's metrics
-        (the same on every rank)."""
+        (the same on every rank).
+
+        ``save_due(step)``: whether the state after update ``step`` (1-based) is checkpointed; it is then
+        written here, between the update and the sync, where the whole training state is on the GPU and
+        the engine sleeps (``train/actor/offload.py``: the sync runs with the optimizer state offloaded).
+        Sets :attr:`saved_step`."""
         tc, t_start = self.cfg.train, time.perf_counter()
         hook = self.faults.at_step(self.step + 1)  # MASPO_FAULT (steps numbered from 1, as logged)
         offloaded = self.colocation.prepare_generation()  # trainer offloaded, then the engine's KV cache
@@ -179,8 +186,16 @@ class Trainer:
         fault = self.faults.weight_fault(self.step + 1)  # MASPO_FAULT=...,kind=flip_weight|stale_weight
         if fault is not None and self.rollouts.shard is not None:
             self.rollouts.shard.engine.inject_fault(fault)
+        rollout_metrics = None
+        if save_due(self.step + 1):
+            # the grader totals accumulate in metrics(): before the checkpoint records them (a colocated
+            # source's figures come from the generation rounds, not from the sync)
+            rollout_metrics = self.rollouts.metrics(samples, trained_version)
+            self.save(self.step + 1)
         t_sync = self.sync()
-        return {**self.rollouts.metrics(samples, trained_version), **_rename_actor_metrics(actor_metrics),
+        if rollout_metrics is None:  # a rollout pool's figures include the sync's transfer: after it
+            rollout_metrics = self.rollouts.metrics(samples, trained_version)
+        return {**rollout_metrics, **_rename_actor_metrics(actor_metrics),
                 **mismatch, "time/train": t_train, "time/sync": t_sync,
                 "rollout/policy_version": float(self.version), **self.sync_figures, **self.sync_engine,
                 **({"sync/host_copy_bytes": self.sync_host_copy_bytes}
@@ -223,11 +238,16 @@ class Trainer:
                                          at_engines=rc.placement == "disaggregated")
         return stats.seconds
 
-    def save(self) -> None:
-        """Collective checkpoint of model, optimizer, RNG, data position and rollout state at ``self.step``."""
-        state = {"step": self.step, "sft_done": self.sft_done, **self.rollouts.state()}
-        path = save_checkpoint(self.actor, self.run_dir / CHECKPOINT_SUBDIR, self.step,
+    def save(self, step: int | None = None) -> None:
+        """Collective checkpoint of model, optimizer, RNG, data position and rollout state after ``step``
+        updates (default ``self.step``). State the sync offloaded comes back first, the engine asleep
+        (a checkpoint nobody foresaw: a stop signal after the sync)."""
+        step = self.step if step is None else step
+        self.colocation.make_resident()
+        state = {"step": step, "sft_done": self.sft_done, **self.rollouts.state()}
+        path = save_checkpoint(self.actor, self.run_dir / CHECKPOINT_SUBDIR, step,
                                data_state=state, keep_last=self.cfg.checkpoint.keep_last)
+        self.saved_step = step
         if self.rank == 0:
             _write_export_assets(path, self.spec, self.tokenizer)
         comm.barrier()
@@ -260,11 +280,17 @@ class Trainer:
                     self.save()  # checkpoints/step_0: the warm-started weights, for other layouts to share
             self.sync()
             progress.begin_steps()
+
+            def save_due(step: int) -> bool:  # known before the update: written before its sync
+                if not self.colocation.state_first:  # nothing offloaded for the sync: written after it
+                    return False
+                every = cfg.checkpoint.save_every
+                return bool(every and step % every == 0) or step == tc.steps or stop.should_stop()
             while self.step < tc.steps:
                 if held_out.due(self.step):  # eval/* of θ after self.step updates: its own row
                     self.colocation.prepare_generation()
                     sink.log(evaluate(), self.step)
-                metrics = self.train_one_step()
+                metrics = self.train_one_step(save_due)
                 # Steps count from 1 everywhere: "step k/N" on the console, "step": k in metrics.jsonl
                 # and TensorBoard, and checkpoints/step_k after it are all the state after k updates.
                 self.step += 1
@@ -272,8 +298,8 @@ class Trainer:
                 progress.step_done(printer.format(self.step, metrics))
                 periodic = cfg.checkpoint.save_every and self.step % cfg.checkpoint.save_every == 0
                 stopping = stop.should_stop()
-                if periodic or stopping or self.step == tc.steps:
-                    self.save()
+                if (periodic or stopping or self.step == tc.steps) and self.saved_step != self.step:
+                    self.save()  # not written inside the step: a stop signal that came after its update
                 if stopping:
                     logger.warning("stopped by signal after step %d; resume with --resume %s",
                                    self.step, self.run_dir)

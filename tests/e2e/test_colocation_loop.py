@@ -1,6 +1,7 @@
 """The training loop runs the colocation phases in order (issue 29, defect 7): per step, the trainer's
 state is offloaded before the engine's KV cache wakes and generation starts, and reloaded only after the
-engine slept; the sync (and the checkpoint after it) sees the state on the device.
+engine slept. Issue 56: the gradients and optimizer state leave before the sync (which sees the
+parameters on the device), and a due checkpoint is written before that, with the whole state resident.
 
 Before the fix the sync woke the engine completely while the state was resident, and the state left
 only at the next step. One CPU process, the tiny model, the built-in engine, every offload category on.
@@ -28,7 +29,7 @@ log = []
 OFF = []  # the run's offloader, once built
 
 def note(what):
-    log.append([what, bool(OFF and OFF[0].offloaded)])
+    log.append([what, sorted(OFF[0].offloaded_categories) if OFF else []])
 
 def wrap(cls, name, label=None):
     orig = getattr(cls, name)
@@ -41,7 +42,9 @@ def wrap(cls, name, label=None):
             if not (set(tags or ("weights", "kv_cache")) & self._sleeping):
                 return orig(self, *a, **k)
             tag = "wake_" + "+".join(tags or ["all"])
-        if name in ("offload", "reload") and not (self.enabled and (self.offloaded == (name == "reload"))):
+        if name == "offload" and (not self.enabled or self.fully_offloaded):
+            return orig(self, *a, **k)
+        if name == "reload" and not self.offloaded:
             return orig(self, *a, **k)
         note(tag)
         return orig(self, *a, **k)
@@ -52,9 +55,9 @@ for n in ("sleep", "wake_up", "generate", "load_buckets"):
 for n in ("offload", "reload"):
     wrap(StateOffloader, n)
 orig_save = loop_mod.Trainer.save
-def save(self):
+def save(self, *a, **k):
     note("save")
-    orig_save(self)
+    orig_save(self, *a, **k)
 loop_mod.Trainer.save = save
 t = loop_mod.Trainer(resolve_config(None, None, sys.argv[1:]))
 t.run()
@@ -71,12 +74,14 @@ def test_loop_offloads_before_the_kv_cache_wakes_and_reloads_after_the_engine_sl
     out = subprocess.run([sys.executable, "-c", _SCRIPT, *sets], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
-    log = [tuple(x) for x in json.loads(out.stdout.split("LOG=")[-1])]
-    start = [("offload", False), ("sleep", True), ("reload", True)]  # the engine starts on offloaded memory
-    sync = [("load_buckets", False)]  # level 2: the load re-allocates the weights
-    step = [("offload", False), ("wake_kv_cache", True), ("generate", True), ("sleep", True),
-            ("reload", True), ("load_buckets", False)]
-    assert log == start + sync + step + step + [("save", False)], log
+    log = [(w, tuple(c)) for w, c in json.loads(out.stdout.split("LOG=")[-1])]
+    every, state = ("grads", "optimizer", "params"), ("grads", "optimizer")
+    start = [("offload", ()), ("sleep", every), ("reload", every)]  # the engine starts on offloaded memory
+    # the sync: grads and optimizer leave first, the load (level 2: it re-allocates the weights) follows
+    sync = [("offload", ()), ("load_buckets", state)]
+    gen = [("offload", state), ("wake_kv_cache", every), ("generate", every), ("sleep", every), ("reload", every)]
+    # the last step's checkpoint: after the update, before the sync, nothing on the host
+    assert log == start + sync + gen + sync + gen + [("save", ())] + sync, log
     # The same run logs memory/* for every phase (test_train_memory.py's offloaded run, kept slow there).
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert len(recs) == 2

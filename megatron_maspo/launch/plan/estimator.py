@@ -34,9 +34,10 @@ Memory (GiB = 2^30 bytes, per GPU, on the worst pipeline stage; P_l = parameters
 
     train peak   = weights + reference + grads + optimizer + activations + attention + logprob + reserve
     rollout peak = the highest of, in the trainer's phase order (launch/plan/memory.py::ROLLOUT_PHASE_ORDER):
-                   weights wake   state + engine weights                  state = weights + reference
-                   sync           state + engine weights + one bucket             + grads + optimizer
-                   KV wake        state - offloaded + engine                      + reserve
+                   weights wake   state - offloaded grads/optimizer + engine weights
+                   sync           the same + one bucket                   state = weights + reference
+                   KV wake        state - offloaded + engine                      + grads + optimizer
+                                                                                  + reserve
 
 The vLLM engine sleeps (level 1/2) during the update, so its share and the trainer's activations never
 coexist. ``offloaded`` is what train.offload_params/grads/optimizer move to host memory during generation
@@ -342,8 +343,16 @@ def _memory(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, dp: int, sh: _Shape, 
                  reserve=hw.reserve_gb, attention=attn / GIB, attention_backend=backend,
                  reference=(state["params"] - p_local * elt) / GIB,
                  offloaded={c: b / GIB for c, b in off.items() if b}, engine_weights=engine_w / GIB,
-                 sync_bucket=cfg.rollout.bucket_mb / 1024)
+                 sync_bucket=sync_buckets(cfg.rollout) * cfg.rollout.bucket_mb / 1024)
     return mem, off
+
+
+def sync_buckets(ro) -> int:
+    """Buckets a colocated sync holds on one GPU at once: a vLLM engine's transport double-buffers on the
+    trainer's side (``rollout/transport.py::BucketPool``, two buffers) and its worker copies the bucket it
+    loads (``take_bucket``: its layer-wise reload keeps references); the in-process built-in engine loads
+    from the one bucket being packed."""
+    return 3 if ro.engine == "vllm" and ro.weight_transport == "ipc" else 1
 
 
 def _memory_reasons(mem: Memory, sh: _Shape, kv_pool: float, kv_seqs: int, hw: Assumptions) -> list[str]:
@@ -353,24 +362,11 @@ def _memory_reasons(mem: Memory, sh: _Shape, kv_pool: float, kv_seqs: int, hw: A
         why = (f"; model.attention_backend='dense_mask' holds {mem.attention:.1f} GiB of [S, S] attention "
                f"tensors at S={sh.n_tok}: 'packed_sdpa' or 'te' are linear in S" if mem.attention else "")
         reasons.append(f"needs {mem.peak:.1f} GiB per GPU > {hw.gpu_mem_gb:.0f} GiB (train peak "
-                       f"{mem.train_peak:.1f}, rollout peak {mem.rollout_peak:.1f}){why}{_sync_peak_note(mem)}")
+                       f"{mem.train_peak:.1f}, rollout peak {mem.rollout_peak:.1f}){why}")
     if kv_seqs < 1:
         reasons.append(f"the engine's KV pool ({kv_pool / GIB:.1f} GiB) holds no full-length sequence of "
                        f"{sh.seq_max} tokens; raise rollout.vllm_gpu_memory_utilization or vllm_tp")
     return reasons
-
-
-def _sync_peak_note(mem: Memory) -> str:
-    """Why a peak at the weights' wake or the sync is the trainer's phase order, and what the other order
-    (``memory.py::STATE_FIRST_ORDER``) would need; empty unless that is where the plan peaks and grads or
-    optimizer state are offloaded (only later, in this trainer)."""
-    early = mem.offloaded.get("grads", 0.0) + mem.offloaded.get("optimizer", 0.0)
-    if mem.rollout_peak_phase not in ("weights_wake", "sync") or mem.rollout_peak <= mem.train_peak or not early:
-        return ""
-    other = max(mem.train_peak, max(g for _, g in mem.rollout_trace_state_first))
-    return (f"; at the sync the trainer still holds the {early:.1f} GiB of grads + optimizer it offloads after "
-            f"it (train/actor/offload.py::STEP_PHASES); offloaded before the engine's weights wake (NeMo-RL's "
-            f"offload_before_refit) the peak would be {other:.1f}")
 
 
 def seq_second_moment(sh: _Shape) -> float:

@@ -10,8 +10,9 @@ categories are the offloader's categories (parallel/offload_categories.py), per 
 
 so once offloaded the GPU holds only what is not, and the host holds the rest:
 
-    rollout peak = the highest running total over ROLLOUT_PHASE_ORDER (below): the engine's weights wake
-                   and the sync runs on top of the whole resident state, the KV cache wakes after offload
+    rollout peak = the highest running total over ROLLOUT_PHASE_ORDER (below): the offloaded gradients and
+                   optimizer state leave, the engine's weights wake and the sync runs on top of what is left,
+                   the weights leave, then the KV cache wakes
     host         = offloaded per GPU (x GPUs per node for one node's pinned memory)
 
 The update phase reloads everything, so the train peak does not change. tests/distributed/
@@ -40,10 +41,10 @@ layouts checked are in docs/performance-model.md §7; tests/unit/launch/test_pla
                 utilisation x total), and sleep mode frees the weights and KV tags while the trainer
                 trains, so the share counts in the rollout phases only, never in the train peak
 
-The rollout phases below are the trainer's (``train/actor/offload.py::STEP_PHASES``): it wakes the engine's
-weights and syncs with its whole state resident, and offloads only after the sync. ``STATE_FIRST_ORDER``
-is the other order (grads and optimizer leave before the weights wake); the planner does not plan with
-it, it only says what a layout refused at the sync would need under it.
+The rollout phases below are the trainer's (``train/actor/offload.py::STEP_PHASES``). Until 2026-12 the
+trainer woke the engine's weights and synced with its whole state resident, offloading only after the
+sync; the audit found that order, not a memory term, behind refusals of layouts published runs used
+(docs/performance-model.md §7), and the trainer now offloads the gradients and optimizer state first.
 """
 
 from __future__ import annotations
@@ -71,25 +72,17 @@ def offloaded_bytes(by_category: dict[str, float], *, params: bool, grads: bool,
 # reports it runs; the rollout peak is the highest running total over these phases.
 
 ROLLOUT_PHASE_ORDER: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = (
-    ("weights_wake", (("engine_weights", +1),)),
-    ("sync", (("sync_bucket", +1), ("sync_bucket", -1))),
-    ("trainer_offload", (("offloaded", -1),)),
-    ("kv_wake", (("engine_kv", +1),)),
-)
-"""(phase, ((memory term, sign), ...)) in the trainer's order; a term added and removed inside one phase
-(the sync bucket) is transient: it counts at its height, then leaves."""
-
-STATE_FIRST_ORDER: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = (
     ("state_offload", (("offloaded_state", -1),)),
     ("weights_wake", (("engine_weights", +1),)),
     ("sync", (("sync_bucket", +1), ("sync_bucket", -1))),
     ("params_offload", (("offloaded_params", -1),)),
     ("kv_wake", (("engine_kv", +1),)),
 )
-"""Not this trainer's order: the offloaded grads and optimizer state go to the host before the engine's
-weights wake, the sync streams from the resident weights, then the offloaded weights leave (NeMo-RL's
-Megatron worker: ``offload_before_refit`` moves the grad buffers and optimizer state, ``offload_after_refit``
-the model). Only for the refusal's explanation (``estimator.py::_sync_peak_note``)."""
+"""(phase, ((memory term, sign), ...)) in the trainer's order (``train/actor/offload.py::STEP_PHASES``):
+the offloaded gradients and optimizer state go to the host before the engine's weights wake, the sync
+streams from the resident weights, then the offloaded weights leave and the KV cache wakes (NeMo-RL's
+Megatron worker keeps the same order around its refit). A term added and removed inside one phase (the
+sync bucket) is transient: it counts at its height, then leaves."""
 
 ROLLOUT_START_TERMS = ("trainer_state", "reserve")
 """Resident when the update ends and generation begins: the trainer's weights, reference, grads and

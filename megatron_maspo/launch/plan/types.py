@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from megatron_maspo.launch.plan.memory import STATE_FIRST_ORDER, rollout_trace
+from megatron_maspo.launch.plan.memory import rollout_trace
 
 if TYPE_CHECKING:
     from megatron_maspo.rollout.fleet import FleetLayout
@@ -168,19 +168,12 @@ class Memory:
         early = self.offloaded.get("grads", 0.0) + self.offloaded.get("optimizer", 0.0)
         return {"trainer_state": self.weights + self.reference + self.grads + self.optimizer,
                 "reserve": self.reserve, "engine_weights": w, "sync_bucket": self.sync_bucket,
-                "offloaded": self.host, "engine_kv": self.engine - w,
-                "offloaded_state": early, "offloaded_params": self.host - early}
+                "engine_kv": self.engine - w, "offloaded_state": early, "offloaded_params": self.host - early}
 
     @property
     def rollout_trace(self) -> list[tuple[str, float]]:
         """(phase, GiB reached) in the trainer's order from training to generation (launch/plan/memory.py)."""
         return rollout_trace(self._phase_terms())
-
-    @property
-    def rollout_trace_state_first(self) -> list[tuple[str, float]]:
-        """(phase, GiB reached) had the offloaded grads and optimizer left before the engine's weights woke
-        (``memory.py::STATE_FIRST_ORDER``, not this trainer's order: explanation only)."""
-        return rollout_trace(self._phase_terms(), STATE_FIRST_ORDER)
 
     @property
     def rollout_peak(self) -> float:

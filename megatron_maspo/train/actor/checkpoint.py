@@ -93,6 +93,8 @@ def _set_rng_state(st: dict) -> None:
 def save_checkpoint(actor: Any, root: str | Path, step: int, *, data_state: dict | None = None,
                     keep_last: int = 2) -> Path:
     """Collectively save the actor's training state as ``<root>/step_<step>``; returns the path."""
+    if hasattr(actor, "require_resident"):
+        actor.require_resident()  # an offloaded storage would be written as empty: refuse, lose nothing
     prepare_child_processes()  # Megatron's writer processes and their Manager die with this process
     root = Path(root)
     final = root / f"step_{step}"

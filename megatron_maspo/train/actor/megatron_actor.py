@@ -444,10 +444,18 @@ class MegatronActor:
         return out
 
     def named_modules_unwrapped(self) -> list:
-        """The GPTModel chunks under DDP (for export and checkpointing)."""
-        self._require_resident()
+        """The GPTModel chunks under DDP (for export and checkpointing): their parameters must be on the
+        GPU (the sync runs with the gradients and optimizer state offloaded)."""
+        self._require_resident(("params",))
         return [unwrap(c) for c in self.chunks]
 
-    def _require_resident(self) -> None:
-        if self.offloader is not None and self.offloader.offloaded:
-            raise RuntimeError("the actor's training state is offloaded to host memory: reload it first")
+    def _require_resident(self, categories: tuple[str, ...] | None = None) -> None:
+        """Raise if any of ``categories`` (None = any) of the training state is on the host."""
+        off = self.offloader
+        if off is not None and off.offloaded and (categories is None or set(categories) & off.offloaded_categories):
+            raise RuntimeError(f"the actor's training state ({', '.join(sorted(off.offloaded_categories))}) is "
+                               "offloaded to host memory: reload it first")
+
+    def require_resident(self) -> None:
+        """Raise unless the whole training state is on the device (a checkpoint reads all of it)."""
+        self._require_resident()

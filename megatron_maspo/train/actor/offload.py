@@ -24,10 +24,18 @@ state would pin 64 GiB). Slabs are kept and reused while they are large enough.
 
 Phase order (:data:`STEP_PHASES`, driven by :class:`Colocation`): the engine's KV cache is woken only
 after the trainer's state has left the GPU, and the trainer's state comes back only after the engine
-slept, so the memory the offload frees is the memory the KV cache gets:
+slept, so the memory the offload frees is the memory the KV cache gets. The gradients and optimizer state
+leave *before* the engine's weights wake: the sync reads only the parameters, so the engine's weights
+never share the GPU with the whole training state (the order NeMo-RL's Megatron worker uses before its
+refit); the parameters leave after the sync:
 
-    offload_trainer -> wake_kv_cache -> generate -> sleep_engine -> reload_trainer -> train
-                    -> wake_weights -> sync (-> checkpoint, between steps) -> offload_trainer -> ...
+    offload_trainer (params) -> wake_kv_cache -> generate -> sleep_engine -> reload_trainer -> train
+        (-> checkpoint, when one is due: state resident, engine asleep)
+        -> offload_state (grads, optimizer) -> wake_weights -> sync -> offload_trainer -> ...
+
+A checkpoint therefore is written between the update and the sync, where the whole state is on the GPU
+and the engine sleeps; one that could not be foreseen (a stop signal after the sync) first puts the
+engine to sleep and reloads the state (:meth:`Colocation.make_resident`).
 """
 
 from __future__ import annotations
@@ -192,6 +200,8 @@ class StateOffloader:
     device: torch.device = torch.device("cpu")
     pin: bool | None = None
     offloaded: bool = False
+    """Whether any category is on the host now (:attr:`offloaded_categories` says which)."""
+    offloaded_categories: set[str] = field(default_factory=set)
     bytes_by_category: dict[str, int] = field(default_factory=dict)
     _slots: list[_Slot] = field(default_factory=list)
     _slabs: dict[str, HostSlab] = field(default_factory=dict)  # one per category, reused while large enough
@@ -204,8 +214,9 @@ class StateOffloader:
         if self.pin is None:
             self.pin = self.device.type == "cuda"
 
-    def _storages(self) -> dict[str, list[torch.UntypedStorage]]:
-        """Distinct resizable storages of each enabled category on ``device``, in claim order."""
+    def _storages(self, want: set[str]) -> dict[str, list[torch.UntypedStorage]]:
+        """Distinct resizable storages of each category of ``want`` on ``device``, in claim order (a
+        storage is claimed by its first category whether or not that one is wanted)."""
         tensors = self.collect()
         claimed: set[int] = set()
         out: dict[str, list[torch.UntypedStorage]] = {}
@@ -217,7 +228,7 @@ class StateOffloader:
                 if st.nbytes() == 0 or key in claimed or st.device != self.device:
                     continue
                 claimed.add(key)
-                if cat not in self.enabled:
+                if cat not in want:
                     continue
                 if not st.resizable():  # e.g. a tensor over memory it does not own: cannot be freed
                     logger.warning("offload: a %s storage of %d bytes is not resizable; kept on %s",
@@ -225,7 +236,8 @@ class StateOffloader:
                     continue
                 out.setdefault(cat, []).append(st)
                 total += st.nbytes()
-            self.bytes_by_category[cat] = total if cat in self.enabled else 0
+            if cat in want or cat not in self.enabled:
+                self.bytes_by_category[cat] = total if cat in want else 0
         return out
 
     @property
@@ -246,28 +258,39 @@ class StateOffloader:
             slab = self._slabs[cat] = HostSlab(need, bool(self.pin))
         return slab
 
-    def offload(self) -> int:
-        """Copy every enabled storage to host memory and free it on the device; returns bytes moved."""
-        if self.offloaded or not self.enabled:
+    @property
+    def fully_offloaded(self) -> bool:
+        """Every enabled category is on the host."""
+        return self.offloaded_categories >= set(self.enabled)
+
+    def offload(self, categories: Iterable[str] | None = None) -> int:
+        """Copy the storages of ``categories`` (None = every enabled one) that are still on the device to
+        host memory and free them there; returns the bytes this call moved (0 when nothing was left)."""
+        want = set(self.enabled if categories is None else categories) & set(self.enabled)
+        want -= self.offloaded_categories
+        if not want:
             return 0
         cuda = self.device.type == "cuda"
+        new: list[_Slot] = []
         with torch.no_grad():
-            for cat, storages in self._storages().items():
+            for cat, storages in self._storages(want).items():
                 sizes = [st.nbytes() for st in storages]
                 slab = self._slab(cat, sum(_aligned(n) for n in sizes))
                 offset = 0
                 for st, n in zip(storages, sizes):
                     host = slab.tensor[offset:offset + n]
                     host.copy_(_bytes(st, n), non_blocking=slab.pinned)
-                    self._slots.append(_Slot(st, n, host))
+                    new.append(_Slot(st, n, host))
                     offset += _aligned(n)
             if cuda:
                 torch.cuda.current_stream(self.device).synchronize()
-            for s in self._slots:
+            for s in new:
                 s.storage.resize_(0)
+        self._slots += new
+        self.offloaded_categories |= want
         self.offloaded = True
         release_cached_memory()
-        return self.nbytes
+        return sum(s.nbytes for s in new)
 
     def reload(self) -> int:
         """Re-allocate every offloaded storage on the device and copy its bytes back; returns bytes moved."""
@@ -283,6 +306,7 @@ class StateOffloader:
         moved = self.nbytes
         self._slots = []  # the slabs stay: pinning is slow, the next step reuses them
         self.offloaded = False
+        self.offloaded_categories = set()
         return moved
 
 
@@ -292,7 +316,8 @@ class Phase:
     """One phase of a colocated step: what runs, and what occupies the GPU while (and after) it runs.
 
     ``resident`` names memory terms: ``trainer_kept`` (training state the offload leaves on the GPU),
-    ``trainer_offloaded`` (what ``train.offload_*`` moves), ``engine_weights``, ``kv_cache`` (the engine's,
+    ``offloaded_state`` / ``offloaded_params`` (the gradients and optimizer state / the parameters that
+    ``train.offload_*`` moves), ``engine_weights``, ``kv_cache`` (the engine's,
     sized when it started), ``activations`` (the update's activations and log-prob workspace),
     ``buckets`` (the sync's double-buffered buckets).
     """
@@ -314,13 +339,14 @@ STEP_PHASES: tuple[Phase, ...] = (
     _phase("generate", "engine.generate (+ grading)", "trainer_kept", "engine_weights", "kv_cache"),
     _phase("sleep_engine", "engine.sleep(rollout.sleep_level): KV cache dropped, weights to host (1) or "
            "dropped (2); then a barrier when an engine spans other ranks' GPUs", "trainer_kept"),
-    _phase("reload_trainer", "StateOffloader.reload()", "trainer_kept", "trainer_offloaded"),
-    _phase("train", "old log-probs and the update; cached blocks released after",
-           "trainer_kept", "trainer_offloaded", "activations"),
-    _phase("wake_weights", "engine.wake_up(['weights'])", "trainer_kept", "trainer_offloaded",
-           "engine_weights"),
-    _phase("sync", "export -> buckets -> engine (checkpoints and evaluation come after it)",
-           "trainer_kept", "trainer_offloaded", "engine_weights", "buckets"),
+    _phase("reload_trainer", "StateOffloader.reload()", "trainer_kept", "offloaded_params", "offloaded_state"),
+    _phase("train", "old log-probs and the update (then a due checkpoint); cached blocks released after",
+           "trainer_kept", "offloaded_params", "offloaded_state", "activations"),
+    _phase("offload_state", "StateOffloader.offload(grads, optimizer): the sync reads only the parameters; "
+           "then a barrier when an engine spans other ranks' GPUs", "trainer_kept", "offloaded_params"),
+    _phase("wake_weights", "engine.wake_up(['weights'])", "trainer_kept", "offloaded_params", "engine_weights"),
+    _phase("sync", "export -> buckets -> engine (evaluation comes after it)",
+           "trainer_kept", "offloaded_params", "engine_weights", "buckets"),
 )
 """One RL step of colocated training and generation, in order (the next step starts again at the top).
 Read by :class:`Colocation` (which runs it), the planner and ``maspo check``."""
@@ -356,6 +382,9 @@ class Colocation:
     sleep_level: int = 2
     engine: Any = None
     spans_ranks: bool = False
+    state_first: bool = True
+    """Offload the gradients and optimizer state before the engine's weights wake (``offload_state``);
+    False keeps them through the sync (no engine on these GPUs: the disaggregated trainers)."""
     barrier: Callable[[], None] = lambda: None
     trace: list[str] = field(default_factory=list)
     _engine_asleep: bool = False
@@ -382,7 +411,7 @@ class Colocation:
     def prepare_generation(self) -> int:
         """offload_trainer -> wake_kv_cache; returns the bytes now offloaded (also when an earlier call of
         this step, e.g. before an evaluation, did the move)."""
-        if self.offloader.enabled and not self.offloader.offloaded:
+        if self.offloader.enabled and not self.offloader.fully_offloaded:
             self.offloader.offload()
             self.trace.append("offload_trainer")
             self._sync_ranks()
@@ -392,6 +421,13 @@ class Colocation:
             self._kv_asleep = False
             self.trace.append("wake_kv_cache")
         return self.offloader.nbytes
+
+    def make_resident(self) -> None:
+        """Everything the trainer has back on the GPU, the engine asleep first (so the two never add up):
+        for a checkpoint nobody could foresee (a stop signal after the sync). The engine's weights must be
+        synced again before it generates (the loop stops after such a checkpoint)."""
+        if self.offloader.offloaded:
+            self.prepare_update()
 
     def prepare_update(self) -> None:
         """sleep_engine -> reload_trainer (after generation, before the old log-probs and the update)."""
@@ -406,17 +442,27 @@ class Colocation:
             self.trace.append("reload_trainer")
 
     def prepare_sync(self) -> None:
-        """wake_weights (the trainer's state is on the GPU: the export reads it). Level 1 brings the kept
+        """offload_state -> wake_weights. The gradients and optimizer state (those of them ``train.offload_*``
+        moves) leave first: the export reads only the parameters, which stay. Level 1 brings the kept
         weights back here; after level 2 the sync's load re-allocates them (``load_buckets`` /
         ``load_weights``). The KV cache stays asleep until :meth:`prepare_generation` has offloaded the
-        trainer."""
-        if self.offloader.offloaded:
-            raise RuntimeError("colocation: the trainer's state is offloaded; the sync needs it on the GPU")
+        parameters."""
+        if "params" in self.offloader.offloaded_categories:
+            raise RuntimeError("colocation: the trainer's parameters are offloaded; the sync needs them on the GPU")
+        state = [c for c in STATE_CATEGORIES if c in self.offloader.enabled]
+        if self.state_first and state and not self.offloader.offloaded_categories >= set(state):
+            self.offloader.offload(state)
+            self.trace.append("offload_state")
+            self._sync_ranks()  # before an engine on this GPU (another rank's) wakes its weights
         if self._engine_asleep:
             if self.engine is not None and self.sleep_level == 1:
                 self.engine.wake_up(["weights"])
             self._engine_asleep = False
             self.trace.append("wake_weights")
+
+
+STATE_CATEGORIES = ("grads", "optimizer")
+"""What ``offload_state`` moves before the sync (the export reads only ``params``)."""
 
 
 def build_colocation(offloader: StateOffloader, rollout: Any, fleet: Any) -> Colocation:

@@ -40,10 +40,12 @@ def test_rollout_peak_drops_by_what_is_offloaded(flags, cats):
     assert set(m.offloaded) == set(cats)
     assert m.offloaded == pytest.approx({c: held[c] for c in cats})
     assert m.host == pytest.approx(sum(held[c] for c in cats))
-    # The engine's weights wake (and the sync runs) before the trainer offloads, and its KV cache wakes after:
-    # the rollout peak is the higher of the two moments (launch/plan/memory.py::ROLLOUT_PHASE_ORDER).
+    # The offloaded grads and optimizer leave before the engine's weights wake (and the sync runs), the
+    # offloaded params after it, then the KV cache wakes: the rollout peak is the highest of those moments
+    # (launch/plan/memory.py::ROLLOUT_PHASE_ORDER).
     state = m.weights + m.reference + m.grads + m.optimizer + m.reserve
-    assert m.rollout_peak == pytest.approx(max(state + m.engine_weights + m.sync_bucket,
+    early = m.offloaded.get("grads", 0.0) + m.offloaded.get("optimizer", 0.0)
+    assert m.rollout_peak == pytest.approx(max(state, state - early + m.engine_weights + m.sync_bucket,
                                                m0.rollout_peak - m.host))
     assert m.train_peak == pytest.approx(m0.train_peak)  # everything is back for the update
     assert m0.offloaded == {} and m0.host == 0.0
@@ -89,14 +91,15 @@ def test_cli_reports_host_memory(capsys):
 def test_planner_phase_order_is_the_trainers():
     """The planner's rollout order (launch/plan/memory.py::ROLLOUT_PHASE_ORDER) is the trainer's own
     (train/actor/offload.py::STEP_PHASES, which the loop's Colocation runs): from the end of the update,
-    the engine's weights wake, the sync runs, the trainer's state goes to the host, then the KV cache wakes."""
+    the grads and optimizer go to the host, the engine's weights wake, the sync runs, the parameters go to the
+    host, then the KV cache wakes."""
     from megatron_maspo.launch.plan.memory import ROLLOUT_PHASE_ORDER
     from megatron_maspo.train.actor.offload import phase_order
 
     trainer = phase_order()
-    start = trainer.index("wake_weights")
+    start = trainer.index("offload_state")
     after_update = trainer[start:] + trainer[:start]  # the step is a cycle: wake_weights follows train
-    planner_to_trainer = {"weights_wake": "wake_weights", "sync": "sync", "trainer_offload": "offload_trainer",
-                          "kv_wake": "wake_kv_cache"}
+    planner_to_trainer = {"state_offload": "offload_state", "weights_wake": "wake_weights", "sync": "sync",
+                          "params_offload": "offload_trainer", "kv_wake": "wake_kv_cache"}
     planned = [planner_to_trainer[name] for name, _ in ROLLOUT_PHASE_ORDER]
     assert [p for p in after_update if p in planned] == planned, (after_update, planned)

@@ -13,27 +13,31 @@ from megatron_maspo.launch.plan.memory import (
 from megatron_maspo.launch.plan.verdict import CHANGES, memory_verdicts
 from megatron_maspo.recipes.registry import load_recipe
 
-TERMS = {"trainer_state": 40.0, "reserve": 3.0, "engine_weights": 15.0, "sync_bucket": 0.5, "offloaded": 30.0,
-         "engine_kv": 25.0}
+TERMS = {"trainer_state": 40.0, "reserve": 3.0, "engine_weights": 15.0, "sync_bucket": 0.5,
+         "offloaded_state": 20.0, "offloaded_params": 10.0, "engine_kv": 25.0}
 
 
 def test_phase_order_is_the_trainers():
-    """weights wake -> sync -> trainer offload -> KV wake (the order the trainer runs from the update to
-    generation); kept as data so it can be compared with the trainer's own record of its phases."""
-    assert [p for p, _ in ROLLOUT_PHASE_ORDER] == ["weights_wake", "sync", "trainer_offload", "kv_wake"]
+    """state offload -> weights wake -> sync -> params offload -> KV wake (the order the trainer runs from the
+    update to generation); kept as data so it can be compared with the trainer's own record of its phases."""
+    assert [p for p, _ in ROLLOUT_PHASE_ORDER] == ["state_offload", "weights_wake", "sync", "params_offload",
+                                                   "kv_wake"]
     assert ROLLOUT_START_TERMS == ("trainer_state", "reserve")
 
 
 def test_trace_walks_the_phases():
     trace = dict(rollout_trace(TERMS))
-    assert trace == pytest.approx({"weights_wake": 58.0, "sync": 58.5, "trainer_offload": 58.0, "kv_wake": 53.0})
+    assert trace == pytest.approx({"state_offload": 43.0, "weights_wake": 38.0, "sync": 38.5,
+                                   "params_offload": 38.0, "kv_wake": 53.0})
 
 
 def test_the_order_decides_the_peak():
-    """Offloading before the weights wake (another order) would peak lower: the order is not cosmetic."""
-    other = (ROLLOUT_PHASE_ORDER[2], ROLLOUT_PHASE_ORDER[0], ROLLOUT_PHASE_ORDER[1], ROLLOUT_PHASE_ORDER[3])
-    assert max(g for _, g in rollout_trace(TERMS, other)) == pytest.approx(53.0)
-    assert max(g for _, g in rollout_trace(TERMS)) == pytest.approx(58.5)
+    """Waking the engine's weights before the grads and optimizer leave (the trainer's order until 2026-12)
+    peaks higher: the order is not cosmetic."""
+    state, wake, sync, params, kv = ROLLOUT_PHASE_ORDER
+    old = (wake, sync, state, params, kv)
+    assert max(g for _, g in rollout_trace(TERMS, old)) == pytest.approx(58.5)
+    assert max(g for _, g in rollout_trace(TERMS)) == pytest.approx(53.0)  # now at the KV wake
 
 
 def _plan(**train):
@@ -49,7 +53,8 @@ def test_plan_rollout_peak_is_the_trace_maximum():
     trace = dict(m.rollout_trace)
     assert m.rollout_peak == pytest.approx(max(trace.values()))
     state = m.weights + m.reference + m.grads + m.optimizer + m.reserve
-    assert trace["weights_wake"] == pytest.approx(state + m.engine_weights)
+    early = m.offloaded.get("grads", 0.0) + m.offloaded.get("optimizer", 0.0)
+    assert trace["weights_wake"] == pytest.approx(state - early + m.engine_weights)
     assert trace["kv_wake"] == pytest.approx(state - m.host + m.engine)
 
 

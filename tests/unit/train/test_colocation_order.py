@@ -1,6 +1,8 @@
 """Colocated phase order (issue 29, defect 7): the engine's KV cache wakes only after the trainer's state
 left the GPU, and the state comes back only after the engine slept. Before the fix the sync woke vLLM's
 weights *and* KV cache with the whole trainer state still resident, and the offload ran a step later.
+Issue 56: the gradients and optimizer state leave before the engine's weights wake (the sync reads only
+the parameters), so the engine's weights never share the GPU with them.
 
 Runs the real built-in engine (its sleep frees the weights' storage) and the real offloader on CPU.
 """
@@ -31,14 +33,15 @@ PARAMS = SamplingParams(n=2, temperature=1.0, max_tokens=4, seed=3)
 def test_phase_order_is_data():
     order = phase_order()
     assert order == ("offload_trainer", "wake_kv_cache", "generate", "sleep_engine", "reload_trainer",
-                     "train", "wake_weights", "sync")
+                     "train", "offload_state", "wake_weights", "sync")
     assert order.index("offload_trainer") < order.index("wake_kv_cache")
     by = {p.name: p.resident for p in STEP_PHASES}
-    assert "trainer_offloaded" not in by["wake_kv_cache"] and "kv_cache" not in by["sync"]
+    assert "offloaded_params" not in by["wake_kv_cache"] and "kv_cache" not in by["sync"]
     assert "kv_cache" not in by["train"] and "engine_weights" not in by["train"]
-    peaks = phase_peaks({"trainer_kept": 1, "trainer_offloaded": 10, "engine_weights": 2, "kv_cache": 20,
-                         "activations": 5, "buckets": 1})
-    assert peaks["generate"] == 23 and peaks["train"] == 16 and peaks["sync"] == 14
+    assert "offloaded_state" not in by["wake_weights"] and "offloaded_state" not in by["sync"]
+    peaks = phase_peaks({"trainer_kept": 1, "offloaded_params": 4, "offloaded_state": 6, "engine_weights": 2,
+                         "kv_cache": 20, "activations": 5, "buckets": 1})
+    assert peaks["generate"] == 23 and peaks["train"] == 16 and peaks["sync"] == 8
 
 
 class _Recorder(BuiltinEngine):
@@ -49,7 +52,7 @@ class _Recorder(BuiltinEngine):
         self._off, self._log = offloader, log
 
     def _note(self, what):
-        self._log.append((what, self._off.offloaded))
+        self._log.append((what, tuple(sorted(self._off.offloaded_categories))))
 
     def sleep(self, level=1):
         self._note(f"sleep{level}")
@@ -83,7 +86,8 @@ def test_step_runs_the_phases_in_order_with_the_builtin_engine_and_offloader(lev
     col = Colocation(off, sleep_level=level)
     engine = col.start_engine(lambda: _Recorder(model, off, log))
     # started with the trainer offloaded, then asleep with the trainer back
-    assert [e for e, _ in log] == [f"sleep{level}"] and log[0][1] is True and not off.offloaded
+    assert [e for e, _ in log] == [f"sleep{level}"] and log[0][1] == tuple(sorted(CATEGORIES))
+    assert not off.offloaded
     log.clear()
     col.prepare_sync()
     engine.load_weights(weights.items())  # the initial sync
@@ -97,11 +101,33 @@ def test_step_runs_the_phases_in_order_with_the_builtin_engine_and_offloader(lev
         engine.load_weights(weights.items())  # "sync"
         assert col.trace == [p for p in phase_order() if p not in ("generate", "train", "sync")]
     wake_w = ["wake['weights']"] if level == 1 else []  # level 2: the load re-allocates the weights
-    step = [("wake['kv_cache']", True), ("generate", True), (f"sleep{level}", True),
-            *[(w, False) for w in wake_w], ("load", False)]
-    first = [(w, False) for w in wake_w] + [("load", False)]
+    every, state = tuple(sorted(CATEGORIES)), ("grads", "optimizer")  # the sync: params on the GPU, no more
+    step = [("wake['kv_cache']", every), ("generate", every), (f"sleep{level}", every),
+            *[(w, state) for w in wake_w], ("load", state)]
+    first = [(w, state) for w in wake_w] + [("load", state)]
     assert log == first + step + step
     assert all(torch.equal(p, weights[n]) for n, p in engine.model.named_parameters())
+
+
+def test_a_checkpoint_after_the_sync_puts_the_engine_to_sleep_before_the_state_comes_back():
+    """A stop signal after the sync: the checkpoint needs the whole state, so the engine sleeps first (its
+    weights and the trainer's state never add up) and then the state comes back."""
+    m = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(m.parameters())
+    m(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    off = StateOffloader(functools.partial(training_tensors, [m], opt), enabled=CATEGORIES)
+    model, _ = make_tiny_hf_model("qwen2", vocab_size=64, seed=0)
+    log: list = []
+    col = Colocation(off, sleep_level=1)
+    col.start_engine(lambda: _Recorder(model, off, log))
+    col.prepare_sync()
+    assert off.offloaded_categories == {"grads", "optimizer"} and "offload_state" in col.trace
+    log.clear()
+    col.make_resident()
+    assert log == [("sleep1", ("grads", "optimizer"))] and not off.offloaded
+    col.make_resident()  # nothing offloaded: nothing moves
+    assert len(log) == 1
 
 
 def test_sync_refuses_an_offloaded_trainer():
