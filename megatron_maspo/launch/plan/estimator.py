@@ -348,11 +348,11 @@ def _memory(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, dp: int, sh: _Shape, 
 
 
 def sync_buckets(ro) -> int:
-    """Buckets a colocated sync holds on one GPU at once: a vLLM engine's transport double-buffers on the
+    """Buckets a colocated sync holds on one GPU at once: an engine in its own processes (vLLM) double-buffers on the
     trainer's side (``rollout/transport.py::BucketPool``, two buffers) and its worker copies the bucket it
     loads (``take_bucket``: its layer-wise reload keeps references); the in-process built-in engine loads
     from the one bucket being packed."""
-    return 3 if ro.engine == "vllm" and ro.weight_transport == "ipc" else 1
+    return 3 if engines.relays_to_workers(ro) and ro.weight_transport == "ipc" else 1
 
 
 def _memory_reasons(mem: Memory, sh: _Shape, kv_pool: float, kv_seqs: int, hw: Assumptions) -> list[str]:
