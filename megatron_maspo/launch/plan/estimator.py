@@ -499,8 +499,8 @@ def suggest(cfg: MaspoConfig, spec: ArchSpec, *, nodes: int, gpus_per_node: int,
     tps = [t for t in (1, 2, 4, 8) if t <= gpus_per_node]
     # even splits, and the most balanced uneven one where pp does not divide the layers (61 at PP 16)
     pps = [(pp, None, None) for pp in _divisors(spec.num_layers, 16)]
-    pps += [(pp, *suggestions(spec.num_layers, pp)[0]) for pp in (2, 4, 8, 16)
-            if spec.num_layers % pp and pp < spec.num_layers and suggestions(spec.num_layers, pp)]
+    pps += [(pp, *best[0]) for pp in (2, 4, 8, 16)
+            if spec.num_layers % pp and pp < spec.num_layers and (best := suggestions(spec.num_layers, pp))]
     eps = [e for e in _divisors(spec.num_moe_experts, 256) if e & (e - 1) == 0] if spec.is_moe else [1]
     best: tuple[tuple[int, float], Plan] | None = None
     for tp, (pp, first, last), ep, rc, do, vtp in itertools.product(tps, pps, eps, (None, "selective", "full"),
