@@ -167,7 +167,9 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float | None, node_shm
     per_node: dict[int, list] = {}
     for e in placed:
         per_node.setdefault(e.node, []).append(e.gpus)
-    say(f"ok   engine placement: {len(placed)} {cfg.rollout.engine} engines (rollout TP {len(placed[0].gpus)}), "
+    span = (f", each on {placed[0].nodes} whole nodes (leaders: ranks {', '.join(map(str, placed[0].leaders))}"
+            f"{', ...' if len(placed) > 1 else ''})" if placed[0].nodes > 1 else "")
+    say(f"ok   engine placement: {len(placed)} {cfg.rollout.engine} engines (rollout TP {placed[0].tp}){span}, "
         f"node {first}: "
         + " ".join("[" + ",".join(map(str, g)) + "]" for g in per_node.get(first, [])) + tail)
     say(check_process_groups(plan_groups(pools if pools is not None else world, gpus_per_node)))

@@ -251,10 +251,14 @@ def check_placement(fleet, nodes: int, gpus_per_node: int) -> list:
     except ValueError as e:
         raise CheckError("engine placement", str(e)) from None
     for p in placed:
-        if not 0 <= p.node < nodes or any(not 0 <= g < gpus_per_node for g in p.gpus):
-            raise CheckError("engine placement", f"engine {p.engine} placed on node {p.node} GPUs {p.gpus}, outside "
-                                                 f"{nodes} x {gpus_per_node}")
+        if not 0 <= p.node <= p.node_ids[-1] < nodes or any(not 0 <= g < gpus_per_node for g in p.gpus):
+            raise CheckError("engine placement", f"engine {p.engine} placed on node(s) {_nodes(p)} GPUs {p.gpus}, "
+                                                 f"outside {nodes} x {gpus_per_node}")
     return list(placed)
+
+
+def _nodes(p) -> str:
+    return str(p.node) if p.nodes == 1 else f"{p.node}-{p.node_ids[-1]}"
 
 
 def check_pool_placement(pools, nodes: int, gpus_per_node: int) -> list:
@@ -262,10 +266,10 @@ def check_pool_placement(pools, nodes: int, gpus_per_node: int) -> list:
     and none on a GPU of the training pool (global GPU ``node x gpus_per_node + gpu`` >= T)."""
     placed = check_placement(pools, nodes, gpus_per_node)
     for p in placed:
-        shared = [g for g in p.gpus if p.node * gpus_per_node + g < pools.trainer_world]
+        shared = [(n, g) for n in p.node_ids for g in p.gpus if n * gpus_per_node + g < pools.trainer_world]
         if shared:
-            raise CheckError("engine placement", f"engine {p.engine} on node {p.node} GPU {shared[0]} shares a GPU "
-                                                 f"of the training pool (ranks 0-{pools.trainer_world - 1})")
+            raise CheckError("engine placement", f"engine {p.engine} on node {shared[0][0]} GPU {shared[0][1]} shares "
+                                                 f"a GPU of the training pool (ranks 0-{pools.trainer_world - 1})")
     return placed
 
 

@@ -37,7 +37,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -86,6 +86,12 @@ def emulated_node_env() -> dict[str, str]:
     ``MASPO_EMULATE_GPUS_PER_NODE`` splits a one-host job into nodes (``{}`` otherwise): the caller puts
     them into ``os.environ`` before anything reads them."""
     return _emu.node_env(os.environ)
+
+
+def emulates_nodes(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``MASPO_EMULATE_GPUS_PER_NODE`` splits this one host into emulated nodes (their "addresses"
+    are then all loopback)."""
+    return bool(_emu.node_env(dict(os.environ if env is None else env)))
 
 
 def host_copy_bytes() -> int | None:

@@ -26,6 +26,10 @@ GPU ``(r % ranks_per_node) % gpus_per_node``: one GPU per rank unless a node run
                                  links: the NCCL communicator each link's is split from (no traffic)
                     ``batches``  lead engine + every trainer rank: pickled batches on the host   host-only
 
+An engine larger than a node (``rollout/engine_span.py``) adds no group of the job: its TP group is vLLM's
+own, built by its workers across the nodes (NCCL on GPUs), and the rendezvous that tells its node leaders
+the owner's address is one object all-gather on the pool's default group.
+
 The groups between the pools come from ``PoolLayout.bridge_comms`` (:class:`CommSpec`, in build order), the
 same list ``train/rollouts/pool.py::bridges`` builds them from.
 """

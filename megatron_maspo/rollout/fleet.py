@@ -14,7 +14,9 @@ Colocated design (one engine per rollout-TP group over the whole world, ``world 
     placed on     node  owner // gpus_per_node, local GPUs  owner % gpus_per_node + 0 .. rollout_tp - 1
                   (ranks are node-major, one process per GPU, LOCAL_RANK = GPU index: torchrun and srun
                   block placement), i.e. the GPUs of the ranks owner .. owner + rollout_tp - 1; an engine
-                  never spans two nodes, and no two engines share a GPU (:meth:`FleetLayout.placement`)
+                  larger than a node takes whole nodes (rollout_tp a multiple of gpus_per_node: vLLM's
+                  multi-node TP), none takes part of a second node, and no two engines share a GPU
+                  (:meth:`FleetLayout.placement`)
 
 Every TP x PP group that contains an owner runs the HF export once per sync and each owner in it packs its
 own engine's buckets; groups without an owner skip the export: other replicas, and with CP the other CP
@@ -103,28 +105,27 @@ class FleetLayout:
         return self.engine_ranks[engine] // gpus_per_node
 
     def engine_gpus(self, engine: int, gpus_per_node: int) -> tuple[int, ...]:
-        """Node-local GPU indices of ``engine``'s workers, in vLLM TP-rank order (length ``rollout_tp``).
+        """Node-local GPU indices of ``engine``'s workers on each of its nodes, in vLLM TP-rank order.
 
-        The GPUs of the ranks ``owner .. owner + rollout_tp - 1``: ``owner % gpus_per_node + k``. They are
-        indices as the trainer's processes see the node (``LOCAL_RANK`` = GPU index); :func:`cuda_visible_devices`
-        maps them through a ``CUDA_VISIBLE_DEVICES`` the job itself was started under.
+        Within a node: the GPUs of the ranks ``owner .. owner + rollout_tp - 1``, ``owner % gpus_per_node + k``
+        (length ``rollout_tp``). An engine larger than a node takes whole nodes: every GPU of each
+        (``range(gpus_per_node)``, its TP ranks node-major). They are indices as the trainer's processes see
+        the node (``LOCAL_RANK`` = GPU index); :func:`cuda_visible_devices` maps them through a
+        ``CUDA_VISIBLE_DEVICES`` the job itself was started under.
 
         Raises:
-            ValueError: the engine would span two nodes (``rollout_tp`` does not divide ``gpus_per_node``).
+            ValueError: the engine would take part of a second node (see :func:`place_engine`).
         """
+        return self.placement_of(engine, gpus_per_node).gpus
+
+    def placement_of(self, engine: int, gpus_per_node: int) -> EnginePlacement:
+        """Where ``engine`` runs (:func:`place_engine` of its owner)."""
         self._check_gpus_per_node(gpus_per_node)
-        owner = self.engine_ranks[engine]
-        first = owner % gpus_per_node
-        if first + self.rollout_tp > gpus_per_node:
-            raise ValueError(f"fleet: engine {engine} (ranks {owner}..{owner + self.rollout_tp - 1}) spans two "
-                             f"nodes of {gpus_per_node} GPUs: rollout TP {self.rollout_tp} must divide the "
-                             "GPUs per node")
-        return tuple(range(first, first + self.rollout_tp))
+        return place_engine(engine, self.engine_ranks[engine], self.rollout_tp, gpus_per_node)
 
     def placement(self, gpus_per_node: int) -> tuple[EnginePlacement, ...]:
-        """Every engine's owner rank, node and local GPUs (checked: no GPU is claimed twice)."""
-        out = tuple(EnginePlacement(engine=e, owner=self.engine_ranks[e], node=self.engine_node(e, gpus_per_node),
-                                    gpus=self.engine_gpus(e, gpus_per_node)) for e in range(self.num_engines))
+        """Every engine's owner rank, node(s) and local GPUs (checked: no GPU is claimed twice)."""
+        out = tuple(self.placement_of(e, gpus_per_node) for e in range(self.num_engines))
         check_placement(out)
         return out
 
@@ -167,10 +168,56 @@ class EnginePlacement:
 
     engine: int
     owner: int
-    """Global rank that starts the engine."""
+    """Global rank that starts the engine (the leader of its first node)."""
     node: int
+    """The owner's node: the engine's first."""
     gpus: tuple[int, ...]
-    """Node-local GPU indices of its workers (TP-rank order)."""
+    """Node-local GPU indices of its workers on each of its nodes (TP-rank order within a node)."""
+    nodes: int = 1
+    """Nodes it spans: an engine larger than a node takes ``rollout_tp / gpus_per_node`` whole nodes."""
+
+    @property
+    def tp(self) -> int:
+        """The engine's tensor-parallel size (GPUs in all)."""
+        return len(self.gpus) * self.nodes
+
+    @property
+    def node_ids(self) -> tuple[int, ...]:
+        """Every node it runs on, the owner's first."""
+        return tuple(range(self.node, self.node + self.nodes))
+
+    @property
+    def leaders(self) -> tuple[int, ...]:
+        """Global rank of the first process on each of its nodes, the owner first: on every node after the
+        first, that rank starts the engine's workers of the node (vLLM's headless node, ``node_rank > 0``)."""
+        return tuple(self.owner + k * len(self.gpus) for k in range(self.nodes))
+
+    def node_rank_of(self, rank: int) -> int | None:
+        """Which of the engine's nodes global ``rank`` leads (0 for the owner), or None."""
+        return self.leaders.index(rank) if rank in self.leaders else None
+
+
+def place_engine(engine: int, owner: int, tp: int, gpus_per_node: int) -> EnginePlacement:
+    """The placement of an engine of ``tp`` GPUs owned by global rank ``owner`` (ranks node-major, one GPU
+    each): inside the owner's node, or, larger than a node, on ``tp / gpus_per_node`` whole nodes from the
+    owner's (vLLM's multi-node TP: its all-reduces then cross the inter-node network).
+
+    Raises:
+        ValueError: the engine would take part of a second node (within a node rollout TP must divide the
+            GPUs per node; beyond one, be a multiple of it, so an engine never shares a node it spans).
+    """
+    first, node = owner % gpus_per_node, owner // gpus_per_node
+    if tp <= gpus_per_node:
+        if first + tp > gpus_per_node:
+            raise ValueError(f"fleet: engine {engine} (ranks {owner}..{owner + tp - 1}) spans two nodes of "
+                             f"{gpus_per_node} GPUs: rollout TP {tp} must divide the GPUs per node")
+        return EnginePlacement(engine=engine, owner=owner, node=node, gpus=tuple(range(first, first + tp)))
+    if tp % gpus_per_node or first:
+        raise ValueError(f"fleet: engine {engine} (ranks {owner}..{owner + tp - 1}, rollout TP {tp}) would take "
+                         f"part of a node of {gpus_per_node} GPUs: an engine larger than a node takes whole "
+                         f"nodes, so rollout TP must be a multiple of {gpus_per_node}")
+    return EnginePlacement(engine=engine, owner=owner, node=node, gpus=tuple(range(gpus_per_node)),
+                           nodes=tp // gpus_per_node)
 
 
 def check_placement(placements: Sequence[EnginePlacement]) -> None:
@@ -180,10 +227,11 @@ def check_placement(placements: Sequence[EnginePlacement]) -> None:
     for p in placements:
         if len(set(p.gpus)) != len(p.gpus):
             raise ValueError(f"fleet: engine {p.engine} lists GPU(s) {p.gpus} with repeats")
-        for g in p.gpus:
-            other = seen.setdefault((p.node, g), p.engine)
-            if other != p.engine:
-                raise ValueError(f"fleet: engines {other} and {p.engine} both placed on node {p.node} GPU {g}")
+        for node in p.node_ids:
+            for g in p.gpus:
+                other = seen.setdefault((node, g), p.engine)
+                if other != p.engine:
+                    raise ValueError(f"fleet: engines {other} and {p.engine} both placed on node {node} GPU {g}")
 
 
 def processes_per_node(world: int, env: Mapping[str, str] | None = None) -> int:

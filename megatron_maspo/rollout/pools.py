@@ -34,6 +34,7 @@ from megatron_maspo.rollout.fleet import (
     EnginePlacement,
     FleetLayout,
     check_placement,
+    place_engine,
 )
 from megatron_maspo.rollout.transfer_plan import TrainerLayout
 
@@ -238,23 +239,17 @@ class PoolLayout:
         return (self.lead_engine_rank, *range(self.trainer_world))
 
     def placement(self, gpus_per_node: int) -> tuple[EnginePlacement, ...]:
-        """Every engine's owner, node and node-local GPUs (ranks node-major, one GPU each; no sharing).
+        """Every engine's owner, node(s) and node-local GPUs (ranks node-major, one GPU each; no sharing; an
+        engine larger than a node on whole nodes: :func:`~.fleet.place_engine`).
 
         Raises:
-            ValueError: an engine would span two nodes.
+            ValueError: an engine would take part of a second node.
         """
         if gpus_per_node < 1:
             raise ValueError(f"pools: gpus_per_node must be >= 1, got {gpus_per_node}")
-        out = []
-        for e, owner in enumerate(self.owner_ranks):
-            first = owner % gpus_per_node
-            if first + self.rollout_tp > gpus_per_node:
-                raise ValueError(f"pools: engine {e} (ranks {owner}..{owner + self.rollout_tp - 1}) spans two "
-                                 f"nodes of {gpus_per_node} GPUs")
-            out.append(EnginePlacement(engine=e, owner=owner, node=owner // gpus_per_node,
-                                       gpus=tuple(range(first, first + self.rollout_tp))))
+        out = tuple(place_engine(e, owner, self.rollout_tp, gpus_per_node) for e, owner in enumerate(self.owner_ranks))
         check_placement(out)
-        return tuple(out)
+        return out
 
     def describe(self, num_prompts: int) -> str:
         """One line for logs and the planner."""

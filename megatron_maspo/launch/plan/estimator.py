@@ -124,6 +124,8 @@ from megatron_maspo.launch.plan.moe_comm import a2a_seconds
 from megatron_maspo.launch.plan.report import format_plan
 from megatron_maspo.launch.plan.rollout import (
     EngineLoad,
+    cross_node_allreduce,
+    cross_node_relay_seconds,
     generation_seconds,
     length_second_moment,
     moe_touched_fraction,
@@ -233,9 +235,14 @@ def _layout_reasons(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, world: int,
 
 def _engine_tp_reasons(lay: Layout, engine_gpus: int, gpus_per_node: int) -> list[str]:
     """The engine TP must divide the GPUs the engines run on (the world colocated, the rollout pool
-    disaggregated) inside one node."""
-    if lay.vllm_tp > gpus_per_node or engine_gpus % lay.vllm_tp:
-        return [f"rollout.vllm_tp={lay.vllm_tp} must divide the world ({engine_gpus}) within a node"]
+    disaggregated): inside a node it divides the node's GPUs, beyond one it takes whole nodes
+    (``rollout/fleet.py::place_engine``)."""
+    t, g = lay.vllm_tp, gpus_per_node
+    if engine_gpus % t:
+        return [f"rollout.vllm_tp={t} must divide the engines' GPUs ({engine_gpus})"]
+    if (t <= g and g % t) or (t > g and t % g):
+        return [f"rollout.vllm_tp={t} must divide the {g} GPUs of a node, or be a multiple of them (an engine "
+                "larger than a node takes whole nodes)"]
     return []
 
 
@@ -422,7 +429,7 @@ def _trainer_seconds(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, 
 
 
 def _generation(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, fleet: FleetLayout | None,
-                engine_w: float, kv_pool: float, hw: Assumptions) -> float:
+                engine_w: float, kv_pool: float, hw: Assumptions, gpus_per_node: int) -> float:
     """Seconds of the rollout phase on the most loaded engine (launch/plan/rollout.py); with
     ``rollout.in_flight_updates`` (disaggregated) the straggler tail overlaps the next batch."""
     ro, tr = cfg.rollout, cfg.train
@@ -437,9 +444,13 @@ def _generation(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, sh: _Shape, fleet
         w_exp = engine_expert_bytes(spec, lay.vllm_tp, ro.vllm_quantization)  # MoE layers only
         w_full = engine_w - w_exp * (1 - moe_touched_fraction(conc, e, k))
         w_tail = engine_w - w_exp * (1 - moe_touched_fraction(1, e, k))
+    comm_step, comm_token = cross_node_allreduce(hidden=spec.hidden_size, layers=spec.num_layers,
+                                                 vllm_tp=lay.vllm_tp, gpus_per_node=gpus_per_node,
+                                                 latency_us=hw.p2p_latency_us, internode_gb_s=hw.internode_gb_s)
     load = EngineLoad(seqs=per_engine, conc=conc, prompt=sh.avg_prompt, mean=sh.avg_resp, tail=sh.tail,
                       weight_bytes_full=w_full, weight_bytes_tail=w_tail, kv_token_bytes=kvpt,
-                      active_params=active_params(spec), vllm_tp=lay.vllm_tp)
+                      active_params=active_params(spec), vllm_tp=lay.vllm_tp, comm_step_s=comm_step,
+                      comm_token_s=comm_token)
     # FP8 W8A8 GEMMs run at twice the bf16 tensor peak on Hopper (H100/H200 SXM datasheet: 1,979 vs 989
     # dense TFLOP/s); the planner applies that to the engine's prefill and compute bound only
     peak = hw.peak_tflops * (2 if ro.vllm_quantization == "fp8" else 1)
@@ -475,8 +486,10 @@ def estimate(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nodes: int, gpus_
     reasons += _memory_reasons(mem, sh, kv_pool, kv_seqs, hw)
     old_lp, update = _trainer_seconds(cfg, spec, lay, sh, world, hw, gpus_per_node)
     fleet = fleet_of(cfg, lay, world)  # the layout the trainer builds (rollout/fleet.py)
-    gen = _generation(cfg, spec, lay, sh, fleet, engine_w, kv_pool, hw)
-    sync = hw.sync_fixed_s + 2 * spec.num_parameters() / (hw.sync_gb_s * 1e9)
+    gen = _generation(cfg, spec, lay, sh, fleet, engine_w, kv_pool, hw, gpus_per_node)
+    w_bytes = 2 * spec.num_parameters()
+    sync = hw.sync_fixed_s + w_bytes / (hw.sync_gb_s * 1e9) + cross_node_relay_seconds(
+        w_bytes, vllm_tp=lay.vllm_tp, gpus_per_node=gpus_per_node, internode_gb_s=hw.internode_gb_s)
     ro = cfg.rollout
     return Plan(layout=lay, world=world, dp=dp, memory=mem, kv_seqs=kv_seqs, reasons=reasons, notes=notes,
                 engines=fleet.num_engines if fleet else 1, tail=sh.tail, fleet=fleet,
@@ -497,6 +510,8 @@ def suggest(cfg: MaspoConfig, spec: ArchSpec, *, nodes: int, gpus_per_node: int,
     """The fitting layout nearest to the config's: fewest changed knobs, then the fastest step."""
     base = layout_of(cfg)
     tps = [t for t in (1, 2, 4, 8) if t <= gpus_per_node]
+    # engines may also take 2 or 4 whole nodes (their weights leave no KV cache inside one)
+    vtps = tps + [gpus_per_node * k for k in (2, 4) if gpus_per_node * k <= nodes * gpus_per_node]
     # even splits, and the most balanced uneven one where pp does not divide the layers (61 at PP 16)
     pps = [(pp, None, None) for pp in _divisors(spec.num_layers, 16)]
     pps += [(pp, *best[0]) for pp in (2, 4, 8, 16)
@@ -504,7 +519,7 @@ def suggest(cfg: MaspoConfig, spec: ArchSpec, *, nodes: int, gpus_per_node: int,
     eps = [e for e in _divisors(spec.num_moe_experts, 256) if e & (e - 1) == 0] if spec.is_moe else [1]
     best: tuple[tuple[int, float], Plan] | None = None
     for tp, (pp, first, last), ep, rc, do, vtp in itertools.product(tps, pps, eps, (None, "selective", "full"),
-                                                                    (False, True), tps):
+                                                                    (False, True), vtps):
         if (pp, first, last) == (base.pp, None, None) and (base.pp_first, base.pp_last) != (None, None):
             first, last = base.pp_first, base.pp_last  # the config's own uneven split at its pp
         lay = Layout(tp=tp, pp=pp, ep=ep, vpp=base.vpp if base.vpp and pp == base.pp else None,

@@ -56,6 +56,11 @@ class EngineLoad:
     active_params: float
     """Parameters touched per token (P_act) for the FLOP bound and prefill."""
     vllm_tp: int
+    comm_step_s: float = 0.0
+    """An engine spanning nodes: fixed cost of one decode step's TP all-reduces across nodes
+    (:func:`cross_node_allreduce`); 0 inside a node (NVLink all-reduces are in ``step_fixed``)."""
+    comm_token_s: float = 0.0
+    """An engine spanning nodes: seconds of all-reduce traffic across nodes per token (decode and prefill)."""
 
 
 def exponential_expected_max(mean: float, n: int) -> float:
@@ -122,7 +127,42 @@ def generation_seconds(load: EngineLoad, *, hbm_tb_s: float, decode_eff: float, 
     tail_steps = 0.0 if tail_overlapped else tail - m
     weights = steps_full * load.weight_bytes_full + tail_steps * load.weight_bytes_tail
     kv = n * (p * m + length_second_moment(m, tail) / 2) * load.kv_token_bytes
-    decode = (steps_full + tail_steps) * step_fixed_s + (weights + kv) / (hbm_tb_s * 1e12 * decode_eff)
+    decode = (steps_full + tail_steps) * (step_fixed_s + load.comm_step_s) + n * m * load.comm_token_s \
+        + (weights + kv) / (hbm_tb_s * 1e12 * decode_eff)
     flops_rate = load.vllm_tp * peak_tflops * 1e12 * mfu
-    prefill = n * p * 2 * load.active_params / flops_rate
+    prefill = n * p * (2 * load.active_params / flops_rate + load.comm_token_s)
     return prefill + max(decode, n * m * 2 * load.active_params / flops_rate)
+
+
+def cross_node_allreduce(*, hidden: int, layers: int, vllm_tp: int, gpus_per_node: int, latency_us: float,
+                         internode_gb_s: float, elt: int = 2) -> tuple[float, float]:
+    """``(per_step_s, per_token_s)``: what the TP all-reduces of an engine spanning ``k = vllm_tp /
+    gpus_per_node`` nodes cost per decode step and per token; ``(0, 0)`` inside one node.
+
+    Each layer all-reduces its attention output and its MLP / MoE output: ``2 L`` all-reduces per forward,
+    each of ``tokens x hidden x elt`` bytes. Across nodes NCCL reduces inside each node, then runs a ring
+    over the ``k`` nodes on every GPU's NIC at once (each carries ``1 / gpus_per_node`` of the message):
+
+        per step   = 2 L * 2 k * latency                  a reduce-scatter and an all-gather ring: 2k hops
+        per token  = 2 L * hidden * elt * 2 (k - 1) / k / (gpus_per_node * internode_gb_s)
+
+    Small decode messages are latency bound, so an engine across nodes decodes each step several
+    milliseconds slower than one inside a node; the term is why such engines pay off only where the
+    weights leave no KV cache inside one node.
+    """
+    if vllm_tp <= gpus_per_node:
+        return 0.0, 0.0
+    k = vllm_tp / gpus_per_node
+    per_step = 2 * layers * 2 * k * latency_us * 1e-6
+    per_token = 2 * layers * hidden * elt * 2 * (k - 1) / k / (gpus_per_node * internode_gb_s * 1e9)
+    return per_step, per_token
+
+
+def cross_node_relay_seconds(weight_bytes: float, *, vllm_tp: int, gpus_per_node: int,
+                             internode_gb_s: float) -> float:
+    """Seconds a sync spends relaying every bucket from the engine's first node to its other nodes (the
+    workers there cannot map the first node's buffers: ``rollout/transport.py::relay_bucket``, a broadcast
+    over the engine's own TP group, pipelined, at one inter-node link's rate); 0 inside a node."""
+    if vllm_tp <= gpus_per_node:
+        return 0.0
+    return weight_bytes / (internode_gb_s * 1e9)

@@ -71,10 +71,11 @@ def test_todays_512_mib_bucket_limit_fails_the_7b_recipe(monkeypatch):
 
 
 def test_engines_without_their_own_gpu_fail_8_engines_on_one_node(monkeypatch):
-    from megatron_maspo.rollout.fleet import FleetLayout
+    from megatron_maspo.rollout import fleet
 
     # Before per-engine placement every engine's workers went to the first GPUs (vLLM's cuda:{local_rank})
-    monkeypatch.setattr(FleetLayout, "engine_gpus", lambda self, engine, gpus_per_node: tuple(range(self.rollout_tp)))
+    monkeypatch.setattr(fleet, "place_engine", lambda engine, owner, tp, gpn: fleet.EnginePlacement(
+        engine=engine, owner=owner, node=owner // gpn, gpus=tuple(range(tp))))
     res = _check("r1_distill_qwen_1p5b_maspo", nodes=1, gpus_per_node=8)
     assert not res.ok and res.error.step == "engine placement"
     assert "engines 0 and 1 both placed on node 0 GPU 0" in str(res.error)

@@ -103,7 +103,7 @@ def test_over_large_layout_is_refused_and_a_fitting_one_suggested():
     (Layout(tp=2, pp=1, ep=2), "given for a dense model"),
     (Layout(tp=16, pp=1), "spans nodes"),
     (Layout(tp=2, pp=5), "num_layers=28 is not divisible"),
-    (Layout(tp=2, pp=1, vllm_tp=16), "rollout.vllm_tp=16"),
+    (Layout(tp=2, pp=1, vllm_tp=12), "rollout.vllm_tp=12 must divide"),
 ])
 def test_invalid_layouts_are_refused_with_the_reason(lay, needle):
     cfg = load_recipe("r1_distill_qwen_7b_maspo")

@@ -18,6 +18,7 @@ from megatron_maspo.rollout.fleet import (
     check_placement,
     cuda_visible_devices,
     owner_gpus,
+    place_engine,
     processes_per_node,
 )
 
@@ -52,6 +53,25 @@ def test_an_engine_never_spans_nodes():
         FleetLayout(world=12, rollout_tp=4).engine_gpus(1, 6)  # ranks 4..7 on nodes of 6 GPUs
     with pytest.raises(ValueError, match="whole nodes"):
         FleetLayout(world=12, rollout_tp=1).engine_gpus(0, 8)
+
+
+def test_an_engine_larger_than_a_node_takes_whole_nodes():
+    # vLLM TP 16 on 8-GPU nodes (the published one-step-off DeepSeek-V3 engines): 2 nodes each, node-major
+    f = FleetLayout(world=32, rollout_tp=16)
+    pl = f.placement(8)
+    assert [(p.owner, p.node, p.nodes, p.leaders) for p in pl] == [(0, 0, 2, (0, 8)), (16, 2, 2, (16, 24))]
+    assert pl[1].gpus == tuple(range(8)) and pl[1].tp == 16 and pl[1].node_ids == (2, 3)
+    assert [pl[1].node_rank_of(r) for r in (16, 24, 17)] == [0, 1, None]
+    with pytest.raises(ValueError, match="part of a node of 8 GPUs.*multiple of 8"):
+        FleetLayout(world=24, rollout_tp=12).placement(8)  # 12 GPUs: one and a half nodes
+    with pytest.raises(ValueError, match="part of a node of 8 GPUs"):
+        place_engine(0, 4, 16, 8)  # owner in the middle of a node
+
+
+def test_spanning_engines_claim_every_gpu_of_each_node():
+    a = place_engine(0, 0, 16, 8)
+    with pytest.raises(ValueError, match="engines 0 and 1 both placed on node 1 GPU 0"):
+        check_placement([a, EnginePlacement(engine=1, owner=8, node=1, gpus=(0, 1))])
 
 
 def test_check_placement_names_a_shared_gpu():
