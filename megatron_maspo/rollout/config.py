@@ -120,6 +120,23 @@ class RolloutConfig:
     (the engines wait a whole step for each sync, and before the first one for the trainer's load and
     warm start; the trainer waits for a batch). A dead rank is noticed at once (its sockets close); this
     bounds a hang."""
+    engine_timeout_s: float = 600.0
+    """Supervised engines (``rollout/supervision/``, docs/engine-faults.md): an engine that owes progress
+    (loading weights, generating a chunk) and reports none for this many seconds is declared hung, killed
+    and restarted, and its unfinished prompts are generated again (by a live engine or its replacement). A
+    dead engine (SIGKILL, an error) is noticed at once; this bounds the detection of a hang (SIGSTOP, a
+    stuck kernel or collective)."""
+    engine_start_timeout_s: float = 1800.0
+    """Supervised engines: seconds an engine may take to start (imports, model build, vLLM's compilation)
+    before it counts as hung."""
+    max_engine_restarts: int = 3
+    """Supervised engines: restarts allowed in the whole job (any engine); the failure after the last one
+    ends the job with one line naming the engine and this budget. 0 = the first failure ends it."""
+    supervise_engines: bool = False
+    """Disaggregated only: each engine owner of the rollout pool runs its engine in a supervised process of
+    its own (``rollout/supervision/``): an engine that dies or hangs is restarted, re-sent the current
+    weights (digest-checked) and its prompts generated again with the same seeds, instead of ending the
+    job. Built-in engine only for now; in-flight updates are refused with it."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -164,6 +181,23 @@ class RolloutConfig:
             raise ValueError(f"rollout.verify_every must be an integer >= 0 or None, got {self.verify_every!r}")
         if self.pool_timeout_s <= 0:
             raise ValueError(f"rollout.pool_timeout_s must be > 0, got {self.pool_timeout_s}")
+        for name in ("engine_timeout_s", "engine_start_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"rollout.{name} must be > 0, got {getattr(self, name)}")
+        if not isinstance(self.max_engine_restarts, int) or isinstance(self.max_engine_restarts, bool) \
+                or self.max_engine_restarts < 0:
+            raise ValueError(f"rollout.max_engine_restarts must be an integer >= 0, got "
+                             f"{self.max_engine_restarts!r}")
+        if self.supervise_engines:
+            if self.placement != "disaggregated":
+                raise ValueError("rollout.supervise_engines applies only to rollout.placement=disaggregated")
+            if _engines.traits(self).separate_processes:
+                able = [n for n, e in _engines.ENGINES.items() if not e.separate_processes]
+                raise ValueError(f"rollout.supervise_engines needs rollout.engine in {able} (an engine with "
+                                 "worker processes of its own is not supervised yet)")
+            if self.in_flight_updates:
+                raise ValueError("rollout.supervise_engines with rollout.in_flight_updates: a supervised engine "
+                                 "makes each chunk with one weight version; set one of them off")
         if not isinstance(self.weight_link_channels, int) or isinstance(self.weight_link_channels, bool) \
                 or not 1 <= self.weight_link_channels <= 64:
             raise ValueError(f"rollout.weight_link_channels must be an integer in [1, 64] (NCCL's channel limit), "

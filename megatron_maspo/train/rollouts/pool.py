@@ -93,6 +93,14 @@ class RolloutWorker:
     def _engine_version(self) -> int:
         return self.shard.policy_version if self.shard is not None else 0
 
+    def _fault_figures(self) -> list[dict[str, float]]:
+        """Every supervised owner's fault figures since its last batch (``rollout.supervise_engines``; a
+        collective of the pool then, so every rank calls it), else nothing."""
+        if not self.rollout.supervise_engines:
+            return []
+        mine = self.shard.engine.metrics() if self.shard is not None else None
+        return [f for f in comm.all_gather_object(mine) if f is not None]
+
     def run(self) -> int:
         """Serve batches until the trainer says stop; returns the number of batches made."""
         start = self.batches.broadcast_object(None, 1) if self.batches is not None else None
@@ -125,11 +133,12 @@ class RolloutWorker:
             # leaves: a WeightVerifyError ends this rank here, and the batch never reaches the trainer
             applied = self.receiver.pop_applied() if self.receiver is not None else []
             applied = [a for per in comm.all_gather_object(applied) for a in per]
+            faults = self._fault_figures()
             made += 1
             if self.batches is not None:
                 self.batches.broadcast_object({"batch": batch, "rounds": rounds, "busy_s": busy,
                                                "order": order.state(),
-                                               "applied": applied}, 0)
+                                               "applied": applied, "engine_faults": faults}, 0)
         if self.receiver is not None:  # wait for the trainer's stop (its final syncs land in the slot)
             self.receiver.wait_for(lambda: False, self.shard.engine, timeout_s=self.rollout.pool_timeout_s)
             self.receiver.settle()  # the last deferred digest check, if any, still stops the job
@@ -202,6 +211,17 @@ def export_order(pools: JobPools, spec: Any, dtype: str) -> list[str] | None:
     return [s.name for s in plan_pool_transfer(spec, lay, dtype).sends]
 
 
+def spanning_part(placements: Any, rank: int) -> Any:
+    """This rank's part of an engine larger than a node (``rollout/engine_span.py``; None: it leads no
+    node of one). Collective over the pool's default group when any engine spans nodes."""
+    from megatron_maspo.parallel.launch import free_port
+    from megatron_maspo.rollout import engine_span
+
+    if not engine_span.any_spans(placements):
+        return None
+    return engine_span.rendezvous(placements, rank, all_gather=comm.all_gather_object, free_port=free_port)
+
+
 def run_rollout_pool(pools: JobPools, *, rollout: RolloutConfig, model: Any, train: TrainConfig, reward: Any,
                      spec: Any, tokenizer: Any, examples: list) -> int:
     """One rank of the rollout pool: its engine (on owner ranks) and grader, then :class:`RolloutWorker`
@@ -211,11 +231,24 @@ def run_rollout_pool(pools: JobPools, *, rollout: RolloutConfig, model: Any, tra
     fleet, pool_rank = lay.fleet, lay.pool_rank(pools.rank)
     engine_id = fleet.engine_of(pool_rank)
     links, batches = bridges(rollout, pools)
-    shard = receiver = None
+    shard = receiver = hosted = None
+    placements = lay.placement(processes_per_node(lay.world))
+    span = spanning_part(placements, pools.rank)
+    if span is not None and not span.head:  # a further node of a spanning engine: its workers, no engine
+        hosted = engines.build_engine(rollout, model, spec, seed=train.seed, deterministic=train.deterministic,
+                                      gpus=placements[span.engine].gpus, colocated=False, span=span)
     if engine_id is not None:
-        gpus = lay.placement(processes_per_node(lay.world))[engine_id].gpus
-        engine = engines.build_engine(rollout, model, spec, seed=train.seed, deterministic=train.deterministic,
-                                      gpus=gpus, colocated=False)
+        gpus = placements[engine_id].gpus
+        if rollout.supervise_engines:  # the engine in a process and failure domain of its own
+            from megatron_maspo.rollout.supervision.proxy import SupervisedEngine
+
+            engine = SupervisedEngine.from_settings(rollout, model, spec, seed=train.seed,
+                                                    deterministic=train.deterministic, engine_id=engine_id,
+                                                    label="supervised engine", gpus=gpus)
+        else:
+            engine = engines.build_engine(rollout, model, spec, seed=train.seed,
+                                          deterministic=train.deterministic, gpus=gpus, colocated=False,
+                                          span=span)
         engine.defer_verify = engines.traits(rollout).verifies_beside_generation  # pause = copy-in only
         ((weights, ctl), *more), turns = receiving_end(links)
         receiver = WeightReceiver(weights, ctl, more=more, device=engine.device, staging=engine.staging_pool(),
@@ -232,6 +265,8 @@ def run_rollout_pool(pools: JobPools, *, rollout: RolloutConfig, model: Any, tra
         if shard is not None:
             shard.close()
             shard.engine.shutdown()
+        if hosted is not None:
+            hosted.shutdown()
     if receiver is not None:
         receiver.join()
     logger.info("rollout pool rank %d: %d batches made", pool_rank, made)

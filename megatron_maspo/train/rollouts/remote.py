@@ -129,6 +129,7 @@ class RemoteRolloutSide:
         applied = [a for m in msgs for a in m.get("applied", [])]
         out.update(applied_metrics(applied))
         out.update(engine_transfer(self._starts, self._landed, applied, owners=len(self.pools.owner_ranks)))
+        out.update(engine_fault_metrics([m.get("engine_faults", []) for m in msgs]))
         out["time/wait_rollout"] = self._wait
         if self.rollout.in_flight_updates:
             out.update(version_spread(self._seen))
@@ -148,6 +149,24 @@ class RemoteRolloutSide:
             self._receive_through(self.steps_done + self.k)  # made with our last weights: discarded
         if self.sender is not None:
             self.sender.stop()
+
+
+def engine_fault_metrics(per_batch: list[list[dict[str, float]]]) -> dict[str, float]:
+    """Supervised engines (``rollout.supervise_engines``): the owners' fault figures of the batches received
+    this step (``EngineSupervisor.metrics`` of each owner, per batch, oldest first). Job totals
+    (``rollout/engine_restarts``, ``rollout/prompts_reissued``) and ``rollout/engines_live`` come from
+    the latest batch, summed over owners; failures and time lost are summed over every batch, the
+    detection delay is their maximum. Empty without supervision."""
+    latest = next((b for b in reversed(per_batch) if b), None)
+    if latest is None:
+        return {}
+    every = [f for b in per_batch for f in b]
+    out = {k: sum(f[k] for f in latest)
+           for k in ("rollout/engine_restarts", "rollout/prompts_reissued", "rollout/engines_live")}
+    out["rollout/engine_failures"] = sum(f["rollout/engine_failures"] for f in every)
+    out["rollout/engine_time_lost_s"] = sum(f["rollout/engine_time_lost_s"] for f in every)
+    out["rollout/engine_detect_s_max"] = max(f["rollout/engine_detect_s_max"] for f in every)
+    return out
 
 
 def applied_metrics(applied: list[dict]) -> dict[str, float]:
