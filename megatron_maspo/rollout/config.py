@@ -136,7 +136,8 @@ class RolloutConfig:
     """Disaggregated only: each engine owner of the rollout pool runs its engine in a supervised process of
     its own (``rollout/supervision/``): an engine that dies or hangs is restarted, re-sent the current
     weights (digest-checked) and its prompts generated again with the same seeds, instead of ending the
-    job. Built-in engine only for now; in-flight updates are refused with it."""
+    job. Every engine (vLLM's engine core and workers live in the engine process's group, ended with it);
+    in-flight updates are refused with it."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -191,10 +192,6 @@ class RolloutConfig:
         if self.supervise_engines:
             if self.placement != "disaggregated":
                 raise ValueError("rollout.supervise_engines applies only to rollout.placement=disaggregated")
-            if _engines.traits(self).separate_processes:
-                able = [n for n, e in _engines.ENGINES.items() if not e.separate_processes]
-                raise ValueError(f"rollout.supervise_engines needs rollout.engine in {able} (an engine with "
-                                 "worker processes of its own is not supervised yet)")
             if self.in_flight_updates:
                 raise ValueError("rollout.supervise_engines with rollout.in_flight_updates: a supervised engine "
                                  "makes each chunk with one weight version; set one of them off")

@@ -15,9 +15,9 @@ leaves nothing behind that a new one could read. Messages are pickled here with 
 (tensors by value): ``Connection.send`` would hand CPU tensors over as shared-memory handles, which a
 process that dies right after sending can leave unreadable.
 
-The process ignores SIGINT and SIGTERM (the launcher sends them to the whole process group; the
-supervisor decides when an engine stops) and exits by itself when its parent goes away, so a crashed
-trainer never leaves engines running.
+The process leads a process group of its own (the engine and what it starts: vLLM's engine core and
+workers), ignores SIGINT and SIGTERM (the supervisor decides when an engine stops) and ends its group
+when its parent goes away, so a crashed trainer never leaves engines running.
 """
 
 from __future__ import annotations
@@ -109,12 +109,15 @@ def _fault_applies(launch: EngineLaunch, kind: str) -> bool:
 
 
 def _exit_with_parent(poll_s: float = 0.5) -> None:
-    """Exit as soon as the parent is gone (re-parented processes see another ppid)."""
+    """End this engine's process group as soon as the parent is gone (re-parented processes see another
+    ppid): the engine and whatever it started (vLLM's engine core and workers)."""
     parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
+        with contextlib.suppress(OSError):
+            os.killpg(0, signal.SIGKILL)
         os._exit(3)
 
     threading.Thread(target=watch, name="engine-parent-watch", daemon=True).start()
@@ -226,7 +229,13 @@ def _set_process_name(name: str) -> None:
 
 
 def engine_main(inbox: Any, out: Any, launch: EngineLaunch) -> None:
-    """Entry point of the engine process (``multiprocessing`` spawn target)."""
+    """Entry point of the engine process (``multiprocessing`` spawn target).
+
+    First it leads a process group of its own: the failure domain is the engine *and* every process it
+    starts (vLLM's engine core and its workers), which the supervisor ends with one ``killpg``, and which
+    a signal the launcher sends to the job's group does not reach."""
+    with contextlib.suppress(OSError):
+        os.setpgrp()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     _set_process_name(process_name(launch.engine))

@@ -15,8 +15,8 @@ of the job.
 Two checks, each end to end on its own hop: the received tensors are digested here against the
 trainer's export before anything is forwarded, and the engine process checks what it holds against
 digests of exactly these tensors (every tensor in full after a restart). In-flight updates are refused
-(a chunk is made by one version); engines with worker processes of their own (vLLM) are not supervised
-yet (``rollout/config.py`` refuses both).
+(a chunk is made by one version; ``rollout/config.py``). An engine with worker processes of its own (vLLM)
+starts them inside the engine process's group, which a restart ends whole.
 """
 
 from __future__ import annotations

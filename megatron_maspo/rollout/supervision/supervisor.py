@@ -28,15 +28,18 @@ prompt: docs/engine-faults.md).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import logging
 import multiprocessing as mp
+import os
 import queue
 import signal
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import wait as wait_any
 from typing import Any
@@ -73,15 +76,28 @@ Hook = Callable[[str, EngineSlot], None]
 _HOST = socket.gethostname()
 
 
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+"""Every incarnation not killed yet: ended at interpreter exit, before ``multiprocessing`` would join them
+(the engine processes are not daemonic, so that vLLM can start its own processes inside them)."""
+
+
+@atexit.register
+def _kill_live() -> None:
+    for link in list(_LIVE):
+        link.kill()
+
+
 class _Link:
-    """One incarnation's process and its two one-way pipes, with a sender thread for the parent's side."""
+    """One incarnation's process (leading its own process group) and its two one-way pipes, with a sender
+    thread for the parent's side."""
 
     def __init__(self, ctx: Any, launch: EngineLaunch) -> None:
         to_child_r, self._to_child = ctx.Pipe(duplex=False)
         self.inbox, from_child_w = ctx.Pipe(duplex=False)
         self.proc = ctx.Process(target=engine_main, args=(to_child_r, from_child_w, launch),
-                                name=link_prefix(launch.engine, launch.epoch), daemon=True)
+                                name=link_prefix(launch.engine, launch.epoch), daemon=False)
         self.proc.start()
+        _LIVE.add(self)
         to_child_r.close()  # the child's ends: closed here, so the child's death reads as EOF
         from_child_w.close()
         self._outbox: queue.Queue = queue.Queue()
@@ -101,7 +117,11 @@ class _Link:
         self._outbox.put(msg)
 
     def kill(self) -> None:
-        """End the incarnation now and release its pipes (never waits on the engine's cooperation)."""
+        """End the incarnation now, with every process it started (its group), and release its pipes
+        (never waits on the engine's cooperation)."""
+        _LIVE.discard(self)
+        with contextlib.suppress(OSError):  # the group is gone already, or not made yet (then the pid)
+            os.killpg(self.proc.pid, signal.SIGKILL)
         if self.proc.is_alive():
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
@@ -279,6 +299,11 @@ class EngineSupervisor:
                     # the process ended: read what it sent last (its error), else name the exit
                     self._drain_dead(self._by_id[e])
                 # else: an object of an incarnation replaced in this pass (it failed already)
+            for e, link in list(self._links.items()):
+                # its exit status, not EOF alone: a process the engine forked (vLLM's engine core) inherits
+                # the pipes and the sentinel and keeps them open after the engine itself is dead
+                if self._by_id[e].state is not SlotState.DEAD and link.proc.exitcode is not None:
+                    self._drain_dead(self._by_id[e])
             now = time.monotonic()
             for slot in self.slots:
                 cause = overdue(slot, now, timeout_s=self.timeout_s, start_timeout_s=self.start_timeout_s)
