@@ -86,6 +86,21 @@ def vllm_tp_broadcast(tensor: torch.Tensor) -> None:
     get_tp_group().broadcast(tensor, src=0)
 
 
+def vllm_headless_config(**kwargs: Any) -> Any:
+    """vLLM's engine config of a further node of an engine spanning nodes (``EngineArgs(**kwargs)
+    .create_engine_config(headless=True)``; ``rollout/vllm_node.py``)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(**kwargs).create_engine_config(headless=True)
+
+
+def vllm_node_executor(config: Any) -> Any:
+    """vLLM's multi-process executor for this node's workers (spawns them and returns; no monitor thread)."""
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    return MultiprocExecutor(config, monitor_workers=False)
+
+
 def quantization_kwargs(rollout: Any) -> dict[str, Any]:
     """``vllm.LLM`` arguments for ``rollout.vllm_quantization``: ``{"quantization": "fp8"}`` asks vLLM for
     online dynamic FP8 (weights quantised per tensor as they load, activations per token at run time, since

@@ -21,7 +21,12 @@ from typing import Any
 
 from megatron_maspo.parallel.device import on_cuda
 from megatron_maspo.rollout.engine_span import EngineSpan
-from megatron_maspo.rollout.vllm_engine import engine_args, engine_devices
+from megatron_maspo.rollout.vllm_engine import (
+    engine_args,
+    engine_devices,
+    vllm_headless_config,
+    vllm_node_executor,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +34,9 @@ logger = logging.getLogger(__name__)
 def headless_config(span: EngineSpan, **engine_kwargs: Any) -> Any:
     """vLLM's engine config for node ``span.node_rank`` of the engine (``EngineArgs(...).create_engine_config
     (headless=True)``): the owner's arguments, this node's rank."""
-    from vllm.engine.arg_utils import EngineArgs
-
     if span.head:
         raise ValueError(f"engine {span.engine}: node 0 is the owner's vllm.LLM, not a headless node")
-    kwargs = {**engine_kwargs, **span.vllm_kwargs()}
-    return EngineArgs(**kwargs).create_engine_config(headless=True)
+    return vllm_headless_config(**{**engine_kwargs, **span.vllm_kwargs()})
 
 
 class VllmNodeWorkers:
@@ -47,8 +49,6 @@ class VllmNodeWorkers:
     """
 
     def __init__(self, span: EngineSpan, *, gpus: Sequence[int] | None = None, **engine_kwargs: Any) -> None:
-        from vllm.v1.executor.multiproc_executor import MultiprocExecutor
-
         self.span = span
         self.gpus = tuple(gpus) if gpus is not None and on_cuda() else None
         config = headless_config(span, **engine_kwargs)
@@ -57,7 +57,7 @@ class VllmNodeWorkers:
         with engine_devices(self.gpus):
             # the workers are this process's children; a worker that dies ends the executor (logged by vLLM),
             # and the owner's engine then fails its next RPC instead of hanging on this node
-            self.executor = MultiprocExecutor(config, monitor_workers=False)
+            self.executor = vllm_node_executor(config)
         self.executor.start_worker_monitor(inline=False)
         self.label = f"vLLM engine {span.engine} node {span.node_rank}"
 
