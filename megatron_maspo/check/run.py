@@ -23,6 +23,9 @@ trainer builds, ``use_cpu_initialization=False``) and runs every step that needs
                   the ``/dev/shm`` per node a vLLM engine of the rollout pool stages syncs into (about two
                   syncs of the model in the engine dtype per engine owner; ``rollout/shm_budget.py``)
     memory plan   the planner's parameters per GPU and offload bytes vs the built ranks'; the plan fits
+    rollout pool (disaggregated)
+                  printed only: the fewest engines whose step stays within 10 % of the full pool's
+                  (``launch/plan/disagg.py::min_pool_engines``)
 
 With ``rollout.placement=disaggregated`` the job is split as it runs (``rollout/pools.py::PoolLayout``):
 the layout must divide the training pool's T = world - rollout.engine_ranks ranks, whose model ranks are the
@@ -201,4 +204,8 @@ def _run(cfg, nodes: int, gpus_per_node: int, gpu_mem_gb: float | None, node_shm
             f"{plan.engine.peak:.1f} (the engine's own) of {hw.gpu_mem_gb:g} GiB")
     say(f"ok   memory plan: largest rank {worst.dense + worst.expert:,} parameters = the planner's; {peak}; "
         "offloaded per GPU " + (", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in off.items() if v) or "nothing"))
+    if pools is not None and plan.pool_size is not None:
+        from megatron_maspo.launch.plan.report import format_pool_size
+
+        say(f"ok   {format_pool_size(plan.pool_size)}")
 

@@ -7,6 +7,7 @@
     maspo plan r1_distill_qwen_7b_maspo --nodes 4 --gpus-per-node 8
     maspo check r1_distill_qwen_7b_maspo           # every shape of the full-size run, meta device
     maspo launch r1_distill_qwen_7b_maspo --executor slurm --nodes 4 --dry-run
+    maspo engines add runs/maspo      # one more rollout engine in a running job (supervised engines)
     maspo doctor                      # this environment's GPU stack vs the supported set
 
 Only subcommands whose module is present are registered: nothing prints "not implemented". Each
@@ -26,7 +27,7 @@ import importlib.util
 import logging
 import sys
 
-SUBCOMMANDS = ("train", "eval", "convert", "plan", "check", "launch", "doctor", "recipes")
+SUBCOMMANDS = ("train", "eval", "convert", "plan", "check", "launch", "engines", "doctor", "recipes")
 
 
 def build_parser() -> argparse.ArgumentParser:

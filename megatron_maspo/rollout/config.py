@@ -138,6 +138,12 @@ class RolloutConfig:
     weights (digest-checked) and its prompts generated again with the same seeds, instead of ending the
     job. Every engine (vLLM's engine core and workers live in the engine process's group, ended with it);
     in-flight updates are refused with it."""
+    supervised_chunks: int = 0
+    """Supervised engines: chunks each owner splits its share of a round into (the unit a failure loses
+    and a live engine takes over; ``rollout/supervision/ledger.py``). 0 = one per engine the owner runs at
+    the time (engines join with ``maspo engines add``). A fixed count keeps every chunk's batch the same
+    whatever the engine count, so a run whose fleet grows or shrinks gives the same completions as one
+    that never changed (built-in engine)."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -189,6 +195,9 @@ class RolloutConfig:
                 or self.max_engine_restarts < 0:
             raise ValueError(f"rollout.max_engine_restarts must be an integer >= 0, got "
                              f"{self.max_engine_restarts!r}")
+        if not isinstance(self.supervised_chunks, int) or isinstance(self.supervised_chunks, bool) \
+                or self.supervised_chunks < 0:
+            raise ValueError(f"rollout.supervised_chunks must be an integer >= 0, got {self.supervised_chunks!r}")
         if self.supervise_engines:
             if self.placement != "disaggregated":
                 raise ValueError("rollout.supervise_engines applies only to rollout.placement=disaggregated")

@@ -164,4 +164,4 @@ def serve_rollout_pool(cfg: MaspoConfig, pools: JobPools) -> int:
     tokenizer, spec, _ = build_policy_source(cfg, None)
     examples, _ = build_prompt_dataset(cfg.data, tokenizer)
     return run_rollout_pool(pools, rollout=cfg.rollout, model=cfg.model, train=cfg.train, reward=cfg.reward,
-                            spec=spec, tokenizer=tokenizer, examples=examples)
+                            spec=spec, tokenizer=tokenizer, examples=examples, run_dir=cfg.checkpoint.run_dir)

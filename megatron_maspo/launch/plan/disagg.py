@@ -43,6 +43,11 @@ Memory per GPU (no GPU is shared, so nothing is offloaded: train.offload_* is re
                   builtin: weights + KV (plan._engine_bytes over R GPUs) + the staged sync W + one bucket
                            + reserve, all on the engine's GPU
 
+The fewest engines (``min_pool_engines``): the step with E' = 1..E engines, each the same engine (memory, KV,
+engine TP), the prompts sharded over E' as ``FleetLayout.shard_sizes`` does, the training pool unchanged;
+the minimum is the fewest E' within ``POOL_SLACK`` of the full pool's step. For k = 0 every engine counts
+(the step is serial); for k >= 1 engines are free until the engine side passes the trainer side.
+
 Not modelled: the batch hand-off from the lead engine to the trainers (one pickled broadcast of the
 step's token ids and log-probs over gloo), and any slow-down of decode by the concurrent receive.
 """
@@ -51,12 +56,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from megatron_maspo.launch.plan.rollout import cross_node_relay_seconds
 from megatron_maspo.launch.plan.types import GIB, Assumptions, Layout, Memory
 from megatron_maspo.rollout import engines
+from megatron_maspo.rollout.fleet import FleetLayout
 from megatron_maspo.rollout.pools import PoolLayout
 
 if TYPE_CHECKING:
@@ -70,6 +77,9 @@ the fraction the planner gives engines when it proposes a split (``launch/plan/s
 RELAY_BUCKETS = 3
 """Buckets on a vLLM owner's GPU besides its engine share: one received over the bridge, two in the
 double-buffered pool that relays the staged sync to the workers (``VllmEngine.bucket_pool``)."""
+
+POOL_SLACK = 0.10
+"""How much longer than the full rollout pool's step the smallest pool's may be (``min_pool_engines``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,6 +156,60 @@ class PoolStepTime:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PoolSize:
+    """The fewest engines the rollout pool can run the step with (``min_pool_engines``)."""
+
+    engines: int
+    """E: the pool's engines."""
+    min_engines: int
+    """The fewest E' whose step is within ``slack`` of the full pool's (1 <= E' <= E)."""
+    step_s: float
+    """The step with all E engines."""
+    min_step_s: float
+    """The step with ``min_engines``."""
+    fewer_step_s: float | None
+    """The step with ``min_engines - 1`` (what one engine fewer costs); None when the minimum is 1."""
+    fewer_bound: str = ""
+    """The pool that bounds the step with one engine fewer ("rollout" or "training")."""
+    slack: float = POOL_SLACK
+
+
+def min_pool_engines(time: PoolStepTime, engines: int, engine_side_at: Callable[[int], tuple[float, float]],
+                     *, slack: float = POOL_SLACK) -> PoolSize:
+    """The fewest engines of a pool of ``engines`` whose step stays within ``slack`` of the full pool's.
+
+    ``time`` is the full pool's step; ``engine_side_at(e)`` the (generation, grading) seconds of the most
+    loaded of ``e`` engines (``estimate_disaggregated``: the same engine, its prompts ``FleetLayout.
+    shard_sizes`` over e); the apply and the training pool do not depend on e:
+
+        step(e)   = total_at(k) of ``time`` with generation(e), grading(e)
+                    k >= 1: max(generation(e) + grading(e) + apply, trainer side)
+                    k = 0:  generation(e) + grading(e) + apply + trainer side
+        E_min     = min { e in 1..E : step(e) <= (1 + slack) step(E) }      (E always qualifies: E_min <= E)
+
+    So at k = 0 every engine counts (any growth of the engine side lengthens the serial step), and at
+    k >= 1 engines are free until the engine side passes the trainer side (by more than the slack).
+    """
+    if engines < 1:
+        raise ValueError(f"min_pool_engines: engines must be >= 1, got {engines}")
+    k = time.staleness
+
+    def at(e: int) -> PoolStepTime:
+        if e == engines:
+            return time
+        gen, grade = engine_side_at(e)
+        return dataclasses.replace(time, generation=gen, grading=grade)
+
+    full = time.total_at(k)
+    top = full * (1 + slack) + 1e-9
+    least = next(e for e in range(1, engines + 1) if at(e).total_at(k) <= top)
+    fewer = at(least - 1) if least > 1 else None
+    return PoolSize(engines=engines, min_engines=least, step_s=full, min_step_s=at(least).total_at(k),
+                    fewer_step_s=fewer.total_at(k) if fewer else None, fewer_bound=fewer.bound if fewer else "",
+                    slack=slack)
+
+
+@dataclass(frozen=True, kw_only=True)
 class PoolPlan:
     """The outcome of one split: both pools' figures, and why it is refused (empty ``reasons`` = fits)."""
 
@@ -175,6 +239,18 @@ class PoolPlan:
     reasons: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     """What the estimate does not model (``estimator.py::FP8_TRAINING_NOTE``); printed, never a refusal."""
+    pool_size: PoolSize | None = None
+    """The fewest engines the step runs with (``min_pool_engines``); only for a plan that fits."""
+
+    @property
+    def min_engines(self) -> int:
+        """The fewest engines within ``POOL_SLACK`` of this pool's step; 0 when the plan does not fit."""
+        return self.pool_size.min_engines if self.pool_size else 0
+
+    @property
+    def min_engines_step_s(self) -> float:
+        """The step with ``min_engines`` engines; 0.0 when the plan does not fit."""
+        return self.pool_size.min_step_s if self.pool_size else 0.0
 
     @property
     def trainer_world(self) -> int:
@@ -337,10 +413,32 @@ def estimate_disaggregated(cfg: MaspoConfig, spec: ArchSpec, lay: Layout, *, nod
                         staleness=ro.max_staleness)
     frac = (max_engine_fraction(hw.gpu_mem_gb, buckets_gb=eng.buckets, reserve_gb=hw.reserve_gb)
             if engines.reserves_gpu_share(ro) else None)
+    size = None if reasons else min_pool_engines(
+        time, pools.num_engines, _engine_side_at(cfg, spec, lay, sh, engine_w, kv_pool, hw, gpus_per_node,
+                                                 fleet.rollout_tp))
     return dataclasses.replace(base, dp=dp, pools=pools, memory=mem, engine=eng, time=time, kv_seqs=kv_seqs,
                                tail=sh.tail, link=link, link_gb_s=link_gb_s, sender_share=share,
-                               engine_fraction_max=frac,
+                               engine_fraction_max=frac, pool_size=size,
                                reasons=reasons)
+
+
+def _engine_side_at(cfg, spec, lay, sh, engine_w, kv_pool, hw, gpus_per_node, engine_tp):
+    """(generation, grading) of the most loaded of e engines of TP ``engine_tp``, each the pool's engine
+    (weights ``engine_w``, KV pool ``kv_pool``): the colocated models on ``FleetLayout(e engine_tp)``,
+    cached by the largest shard (the only thing e changes)."""
+    import megatron_maspo.launch.plan.estimator as P
+
+    seen: dict[int, tuple[float, float]] = {}
+
+    def at(e: int) -> tuple[float, float]:
+        fleet = FleetLayout(world=e * engine_tp, rollout_tp=engine_tp)
+        key = max(fleet.shard_sizes(cfg.train.prompts_per_step))
+        if key not in seen:
+            seen[key] = (P._generation(cfg, spec, lay, sh, fleet, engine_w, kv_pool, hw, gpus_per_node),
+                         P._grading_seconds(cfg, fleet, sh.n_seqs, hw))
+        return seen[key]
+
+    return at
 
 
 # --- memory verdicts for this placement (launch/plan/verdict.py runs them) --------------------------------

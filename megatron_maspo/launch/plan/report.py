@@ -78,11 +78,23 @@ def format_pool_plan(plan, title: str = "") -> str:
         how = "max of the pools: they overlap" if t.staleness >= 1 else "sum of the pools: k = 0 takes turns"
         lines.append(f"  step s: {t.total:.0f} at k={t.staleness} ({how}; the {t.bound} pool bounds it); "
                      f"{t.total_at(0):.0f} at k=0; longest response {plan.tail:.0f} tokens")
+    if plan.pool_size:
+        lines.append(f"  {format_pool_size(plan.pool_size)}")
     if plan.pools:
         lines.append(f"  pools (as the job builds them): {plan.pools.describe(plan.prompts_per_step)}")
     lines += [f"  note: {n}" for n in plan.notes]
     lines += [f"  REFUSED: {r}" for r in plan.reasons] or ["  fits"]
     return "\n".join(lines)
+
+
+def format_pool_size(size) -> str:
+    """One line on the fewest engines the step runs with (``launch/plan/disagg.py::PoolSize``)."""
+    head = (f"rollout pool: {size.engines} engine{'s' if size.engines != 1 else ''}; minimum {size.min_engines} (step {size.min_step_s:.1f} s, "
+            f"within {size.slack:.0%}")
+    if size.fewer_step_s is None:
+        return head + f" of {size.step_s:.1f} s)"
+    return head + (f"; with {size.min_engines - 1} the step is {size.fewer_step_s:.1f} s instead of "
+                   f"{size.step_s:.1f} s, {size.fewer_bound}-bound)")
 
 
 def format_comparison(cmp, *, table: bool = False) -> str:

@@ -41,12 +41,12 @@ class SupervisedEngine:
         supervisor: an :class:`EngineSupervisor` of one engine, not started yet.
         label: names the engine in errors (``"builtin engine 0"``).
         chunks: chunks each ``generate`` call is split into (less work lost per failure; each chunk is
-            still one batch of the engine).
+            still one batch of an engine); 0 = one per engine of the supervisor at the time.
     """
 
     takes_weights_between_steps = False
 
-    def __init__(self, supervisor: EngineSupervisor, *, label: str, chunks: int = 1) -> None:
+    def __init__(self, supervisor: EngineSupervisor, *, label: str, chunks: int = 0) -> None:
         self.supervisor, self.label, self.chunks = supervisor, label, chunks
         self.device = torch.device("cpu")
         """Where the owner's receiver stages a sync (host buffers: they are forwarded over a pipe)."""
@@ -69,7 +69,7 @@ class SupervisedEngine:
                                max_restarts=rollout.max_engine_restarts,
                                verify_every=rollout.verify_every_resolved, bucket_mb=rollout.bucket_mb,
                                first_engine=engine_id)  # log lines name the pool's engine id
-        return cls(sup, label=label)
+        return cls(sup, label=label, chunks=rollout.supervised_chunks)
 
     @property
     def policy_version(self) -> int:
@@ -121,7 +121,7 @@ class SupervisedEngine:
         """
         if on_step is not None:
             raise ValueError("a supervised engine takes no weights in the middle of a generation")
-        out = self.supervisor.generate(prompts, params, num_chunks=self.chunks)
+        out = self.supervisor.generate(prompts, params, num_chunks=self.chunks or None)
         if progress is not None:
             progress(len(prompts) * params.n)
         return out

@@ -6,6 +6,8 @@
                                 digests, and takes no work before they check out
     generate(prompts, params)   the round split into chunks (ledger.py), handed to idle engines; a failed
                                 engine's chunks go back to the queue and to the next live engine
+    add_engine(e) / drain(e)    between rounds: an engine joins (sent the current weights whole, like a
+                                restarted one) or leaves the fleet (elastic capacity, elastic.py)
     metrics() / close()
 
 One loop (:meth:`_pump`) does all of it: it waits on every engine's link and process sentinel with a
@@ -166,8 +168,9 @@ class EngineSupervisor:
         if num_engines < 1:
             raise ValueError(f"EngineSupervisor: num_engines must be >= 1, got {num_engines}")
         ids = range(first_engine, first_engine + num_engines)
-        self._launches = {e: dataclasses.replace(launch, engine=e, epoch=0, fault=(faults or {}).get(e))
-                          for e in ids}
+        self._faults = dict(faults or {})
+        self._base = launch
+        self._launches = {e: dataclasses.replace(launch, engine=e, epoch=0, fault=self._faults.get(e)) for e in ids}
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self.budget = RestartBudget(max_restarts)
         self.verify_every, self.bucket_bytes = verify_every, int(bucket_mb * 2**20)
@@ -186,6 +189,9 @@ class EngineSupervisor:
         self.failures: list[EngineFailure] = []
         self._reported = 0  # failures already in a metrics() call
         self._restart_of: dict[int, EngineFailure] = {}  # engine -> the failure its restart answers
+        self._made: dict[int, int] = {}
+        """Prompts each engine made since the last :meth:`metrics` call (chunks it completed)."""
+        self.joined = self.drained = 0
 
     # ------------------------------------------------------------------ public
     def start(self) -> None:
@@ -233,15 +239,83 @@ class EngineSupervisor:
         finally:
             self._ledger = None
 
+    def add_engine(self, engine: int, *, gpus: tuple[int, ...] | None = None, wait: bool = True) -> None:
+        """Engine ``engine`` joins the fleet (between rounds): spawned as epoch 0 with this fleet's launch
+        settings, it is sent the current weights whole with full digests, as a restarted engine is, and
+        takes chunks once it holds them. Its failures draw on the same restart budget.
+
+        Args:
+            gpus: its node-local GPUs (None: the first engine's; on GPUs give free ones).
+            wait: return only once it holds the current weights (or is ready, before the first load), so
+                the next round can count on it; a failure while it starts is handled as any other.
+
+        Raises:
+            ValueError: ``engine`` is in the fleet already.
+            RuntimeError: called while a round runs.
+        """
+        if self._ledger is not None:
+            raise RuntimeError("EngineSupervisor.add_engine during a round: engines join between rounds")
+        if engine in self._by_id:
+            raise ValueError(f"rollout engine {engine} is in the fleet already")
+        self._launches[engine] = dataclasses.replace(self._base, engine=engine, epoch=0,
+                                                     gpus=self._base.gpus if gpus is None else tuple(gpus),
+                                                     fault=self._faults.get(engine))
+        slot = EngineSlot(engine)
+        self.slots.append(slot)
+        self._by_id[engine] = slot
+        self._spawn(slot)
+        self.joined += 1
+        if wait:
+            self._pump(lambda: slot.state is SlotState.IDLE
+                       and (self._weights is None or slot.version == self._version))
+
+    def drain(self, engine: int) -> None:
+        """Engine ``engine`` leaves the fleet (between rounds): asked to stop, then killed with its
+        process group if it has not exited within 5 s. It owes nothing then, so no work is lost.
+
+        Raises:
+            ValueError: ``engine`` is not in the fleet, or is its last engine (a fleet of none makes
+                nothing: the pool would wait forever).
+            RuntimeError: called while a round runs.
+        """
+        if self._ledger is not None:
+            raise RuntimeError("EngineSupervisor.drain during a round: engines leave between rounds")
+        slot = self._by_id.get(engine)
+        if slot is None:
+            raise ValueError(f"rollout engine {engine} is not in this fleet (engines {sorted(self._by_id)})")
+        if len(self.slots) == 1:
+            raise ValueError(f"rollout engine {engine} is the last engine of its fleet: it cannot be drained")
+        self.slots.remove(slot)
+        del self._by_id[engine], self._launches[engine]
+        self._restart_of.pop(engine, None)
+        link = self._links.pop(engine, None)
+        if link is not None:
+            link.post(("stop",))
+            link.proc.join(5.0)
+            link.kill()
+        slot.state = SlotState.DEAD
+        self.drained += 1
+
+    def engines(self) -> list[int]:
+        """The engines of the fleet now, in the order they take work."""
+        return [s.engine for s in self.slots]
+
     def metrics(self) -> dict[str, float]:
         """``rollout/engine_restarts`` and ``rollout/prompts_reissued`` (job totals),
         ``rollout/engines_live`` (engines holding the current weights now) and, over the failures since
         the last call, ``rollout/engine_failures``, ``rollout/engine_time_lost_s`` (engine-seconds of
         capacity lost: the work thrown away plus the time until the replacement held the current
-        weights, where it already does) and ``rollout/engine_detect_s_max`` (last report to detection)."""
+        weights, where it already does) and ``rollout/engine_detect_s_max`` (last report to detection);
+        elastic capacity: ``rollout/engines_joined`` / ``rollout/engines_drained`` (job totals) and
+        ``rollout/engine_prompts/e<id>``, the prompts each engine of the fleet made since the last call
+        (its share of the work)."""
         new = self.failures[self._reported:]
         self._reported = len(self.failures)
-        return {"rollout/engine_restarts": float(self.budget.used),
+        made = {f"rollout/engine_prompts/e{e}": float(self._made.get(e, 0))
+                for e in sorted({*self._by_id, *self._made})}
+        self._made = {}
+        return {**made, "rollout/engines_joined": float(self.joined), "rollout/engines_drained": float(self.drained),
+                "rollout/engine_restarts": float(self.budget.used),
                 "rollout/prompts_reissued": float(sum(f.prompts_reissued for f in self.failures)),
                 "rollout/engines_live": float(sum(self._serving(s) for s in self.slots)),
                 "rollout/engine_failures": float(len(new)),
@@ -345,8 +419,8 @@ class EngineSupervisor:
             if f is not None:
                 f.restart_s = now - f.detected_at
         elif kind == "result":
-            if self._ledger is not None:
-                self._ledger.complete(msg[1], slot.engine, slot.epoch, msg[2])
+            if self._ledger is not None and self._ledger.complete(msg[1], slot.engine, slot.epoch, msg[2]):
+                self._made[slot.engine] = self._made.get(slot.engine, 0) + self._ledger.chunks[msg[1]].prompts
             slot.chunk = None
             slot.mark(SlotState.IDLE, now)
         elif kind == "error":

@@ -81,14 +81,16 @@ class RolloutWorker:
         num_examples: size of the prompt dataset.
         faults: ``MASPO_FAULT`` on this rank (``kind=raise`` at step s: when the batch trained at step s
             is about to be made; the engine-death test).
+        elastic: a supervised owner's :class:`~megatron_maspo.rollout.supervision.elastic.ElasticOwner`
+            (engines joining or leaving its fleet before a batch; None elsewhere).
     """
 
     def __init__(self, shard: EngineShard | None, fleet: FleetLayout, *, receiver: WeightReceiver | None,
                  batches, rollout: RolloutConfig, train: TrainConfig, num_examples: int,
-                 faults: FaultInjector | None = None) -> None:
+                 faults: FaultInjector | None = None, elastic: Any = None) -> None:
         self.shard, self.fleet, self.receiver, self.batches = shard, fleet, receiver, batches
         self.rollout, self.train, self.num_examples = rollout, train, num_examples
-        self.faults = faults
+        self.faults, self.elastic = faults, elastic
 
     def _engine_version(self) -> int:
         return self.shard.policy_version if self.shard is not None else 0
@@ -126,6 +128,8 @@ class RolloutWorker:
                 return made
             if self.faults is not None:
                 self.faults.at_step(target + 1)  # steps numbered from 1, as logged
+            if self.elastic is not None:  # engines join (holding this version) or leave before the batch
+                self.elastic.at_boundary(target + 1)
             t0 = time.perf_counter()
             batch, rounds = maker.make(target, self._engine_version())
             busy = time.perf_counter() - t0
@@ -223,15 +227,16 @@ def spanning_part(placements: Any, rank: int) -> Any:
 
 
 def run_rollout_pool(pools: JobPools, *, rollout: RolloutConfig, model: Any, train: TrainConfig, reward: Any,
-                     spec: Any, tokenizer: Any, examples: list) -> int:
+                     spec: Any, tokenizer: Any, examples: list, run_dir: Any = None) -> int:
     """One rank of the rollout pool: its engine (on owner ranks) and grader, then :class:`RolloutWorker`
     until the trainer says stop; returns the batches made. The sections are the run's ``rollout``,
-    ``model`` (engine dtype, routing replay), ``train`` and ``reward``."""
+    ``model`` (engine dtype, routing replay), ``train`` and ``reward``; ``run_dir`` holds the requests of
+    engines joining or leaving (``maspo engines``; supervised owners only)."""
     lay = pools.layout
     fleet, pool_rank = lay.fleet, lay.pool_rank(pools.rank)
     engine_id = fleet.engine_of(pool_rank)
     links, batches = bridges(rollout, pools)
-    shard = receiver = hosted = None
+    shard = receiver = hosted = elastic = None
     placements = lay.placement(processes_per_node(lay.world))
     span = spanning_part(placements, pools.rank)
     if span is not None and not span.head:  # a further node of a spanning engine: its workers, no engine
@@ -245,6 +250,10 @@ def run_rollout_pool(pools: JobPools, *, rollout: RolloutConfig, model: Any, tra
             engine = SupervisedEngine.from_settings(rollout, model, spec, seed=train.seed,
                                                     deterministic=train.deterministic, engine_id=engine_id,
                                                     label="supervised engine", gpus=gpus)
+            if run_dir is not None:
+                from megatron_maspo.rollout.supervision.elastic import ControlDir, ElasticOwner
+
+                elastic = ElasticOwner(ControlDir(run_dir), owner=engine_id, supervisor=engine.supervisor)
         else:
             engine = engines.build_engine(rollout, model, spec, seed=train.seed,
                                           deterministic=train.deterministic, gpus=gpus, colocated=False,
@@ -258,7 +267,8 @@ def run_rollout_pool(pools: JobPools, *, rollout: RolloutConfig, model: Any, tra
                            meters=PhaseMeters(PhaseMemory(default_device())))
     ignore_stop_signals()  # the trainer decides when the pool stops (after its checkpoint)
     worker = RolloutWorker(shard, fleet, receiver=receiver, batches=batches, rollout=rollout, train=train,
-                           num_examples=len(examples), faults=FaultInjector(faults.configured(), pools.rank))
+                           num_examples=len(examples), faults=FaultInjector(faults.configured(), pools.rank),
+                           elastic=elastic)
     try:
         made = worker.run()
     finally:

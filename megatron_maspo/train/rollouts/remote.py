@@ -156,13 +156,20 @@ def engine_fault_metrics(per_batch: list[list[dict[str, float]]]) -> dict[str, f
     this step (``EngineSupervisor.metrics`` of each owner, per batch, oldest first). Job totals
     (``rollout/engine_restarts``, ``rollout/prompts_reissued``) and ``rollout/engines_live`` come from
     the latest batch, summed over owners; failures and time lost are summed over every batch, the
-    detection delay is their maximum. Empty without supervision."""
+    detection delay is their maximum; ``rollout/engines_joined`` / ``_drained`` are job totals like the
+    restarts, ``rollout/engine_prompts/e<id>`` (each engine's share) sums over the batches. Empty without
+    supervision."""
     latest = next((b for b in reversed(per_batch) if b), None)
     if latest is None:
         return {}
     every = [f for b in per_batch for f in b]
-    out = {k: sum(f[k] for f in latest)
-           for k in ("rollout/engine_restarts", "rollout/prompts_reissued", "rollout/engines_live")}
+    out = {k: sum(f.get(k, 0.0) for f in latest)
+           for k in ("rollout/engine_restarts", "rollout/prompts_reissued", "rollout/engines_live",
+                     "rollout/engines_joined", "rollout/engines_drained")}
+    for f in every:  # each engine's share of the prompts, over the batches of the step
+        for k, v in f.items():
+            if k.startswith("rollout/engine_prompts/"):
+                out[k] = out.get(k, 0.0) + v
     out["rollout/engine_failures"] = sum(f["rollout/engine_failures"] for f in every)
     out["rollout/engine_time_lost_s"] = sum(f["rollout/engine_time_lost_s"] for f in every)
     out["rollout/engine_detect_s_max"] = max(f["rollout/engine_detect_s_max"] for f in every)

@@ -22,7 +22,8 @@ def test_totals_come_from_the_latest_batch_and_failures_from_every_batch():
     out = engine_fault_metrics([older, latest])
     assert out == {"rollout/engine_restarts": 2, "rollout/prompts_reissued": 6, "rollout/engines_live": 1,
                    "rollout/engine_failures": 2, "rollout/engine_time_lost_s": 8.0,
-                   "rollout/engine_detect_s_max": 2.5}
+                   "rollout/engine_detect_s_max": 2.5, "rollout/engines_joined": 0.0,
+                   "rollout/engines_drained": 0.0}
     assert engine_fault_metrics([]) == {} and engine_fault_metrics([[], []]) == {}  # not supervised
 
 
@@ -37,3 +38,12 @@ def test_the_fault_variable_targets_one_engine_and_its_first_incarnation():
 def test_a_malformed_fault_variable_is_refused_naming_it(value):
     with pytest.raises(ValueError, match="MASPO_ENGINE_FAULT="):
         fault_from_env(0, value)
+
+
+def test_each_engines_share_sums_over_the_batches_and_joins_are_job_totals():
+    older = [{**_owner(0, 0, 1, 0, 0.0, 0.0), "rollout/engine_prompts/e0": 4.0}]
+    latest = [{**_owner(0, 0, 2, 0, 0.0, 0.0), "rollout/engine_prompts/e0": 3.0, "rollout/engine_prompts/e2": 1.0,
+               "rollout/engines_joined": 1.0, "rollout/engines_drained": 0.0}]
+    out = engine_fault_metrics([older, latest])
+    assert out["rollout/engine_prompts/e0"] == 7.0 and out["rollout/engine_prompts/e2"] == 1.0
+    assert out["rollout/engines_joined"] == 1.0 and out["rollout/engines_live"] == 2
